@@ -1,0 +1,44 @@
+"""Settings read once from the environment into explicit fields.
+
+Nothing else in pootvk reads ``os.environ``: every stage takes a ``Config`` (or the
+process-wide one from :func:`config`).
+
+| variable            | field        | meaning                                              |
+|---------------------|--------------|------------------------------------------------------|
+| POOTVK_DEVICE       | device       | device index or name substring (default: best GPU)   |
+| POOTVK_VALIDATION   | validation   | 1 = enable VK_LAYER_KHRONOS_validation               |
+| POOTVK_CACHE_DIR    | cache_dir    | SPIR-V cache folder (default ~/.cache/pootvk)        |
+| POOTVK_DEBUG        | debug        | 0 quiet, 1 plan summaries, 2 + generated sources     |
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Config:
+    device: str | None = None
+    validation: bool = False
+    cache_dir: Path = Path.home() / ".cache" / "pootvk"
+    debug: int = 0
+
+    @staticmethod
+    def from_env(env: dict[str, str] | None = None) -> Config:
+        env = dict(os.environ) if env is None else env
+        cache_dir = env.get("POOTVK_CACHE_DIR")
+        return Config(
+            device=env.get("POOTVK_DEVICE") or None,
+            validation=env.get("POOTVK_VALIDATION", "0") not in ("", "0", "false", "no"),
+            cache_dir=Path(cache_dir) if cache_dir else Path.home() / ".cache" / "pootvk",
+            debug=int(env.get("POOTVK_DEBUG", "0") or 0),
+        )
+
+
+@cache
+def config() -> Config:
+    """The process-wide configuration, read once on first use."""
+    return Config.from_env()

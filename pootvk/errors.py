@@ -1,0 +1,142 @@
+"""Every typed error pootvk raises, in one place.
+
+Each error carries the numbers that explain it as attributes *and* in its message, so a
+user reading a traceback knows what to change without opening the source. A raise never
+leaves a half-built plan, a half-written state or a published output behind: callers
+raise before they mutate.
+"""
+
+from __future__ import annotations
+
+
+class PootvkError(Exception):
+    """Base of every pootvk error."""
+
+
+# --- graph construction and binding -------------------------------------------------------
+
+
+class ShapeError(PootvkError, ValueError):
+    """An eqn's operands do not type under its primitive's rule."""
+
+
+class BindError(PootvkError, ValueError):
+    """A value bound to a graph input slot has the wrong shape or dtype."""
+
+    def __init__(self, slot: str, expected: object, got: object, what: str = "shape") -> None:
+        self.slot, self.expected, self.got, self.what = slot, expected, got, what
+        super().__init__(f"slot {slot!r}: expected {what} {expected}, got {got}")
+
+
+class SlotRangeError(PootvkError, ValueError):
+    """A bound integer slot holds a word outside its declared range [lo, hi]."""
+
+    def __init__(self, slot: str, value: int, lo: int, hi: int) -> None:
+        self.slot, self.value, self.lo, self.hi = slot, value, lo, hi
+        super().__init__(f"slot {slot!r}: value {value} outside declared range [{lo}, {hi}]")
+
+
+class CapacityExceeded(PootvkError, ValueError):
+    """A decode loop was asked to write past the KV cache's capacity."""
+
+    def __init__(self, position: int, tokens: int, capacity: int) -> None:
+        self.position, self.tokens, self.capacity = position, tokens, capacity
+        super().__init__(
+            f"writing {tokens} token(s) at position {position} needs {position + tokens} "
+            f"slots; the cache holds {capacity}"
+        )
+
+
+# --- planning ------------------------------------------------------------------------------
+
+
+class CapabilityError(PootvkError):
+    """The device cannot run a plan that is otherwise well formed."""
+
+
+class AttentionLds(CapabilityError):
+    """Not even one lane's running state (dv + 2 floats) fits the workgroup memory."""
+
+    def __init__(self, dv: int, need_bytes: int, device_bytes: int) -> None:
+        self.dv, self.need_bytes, self.device_bytes = dv, need_bytes, device_bytes
+        super().__init__(
+            f"attention with value width dv={dv} needs {need_bytes} bytes of workgroup memory "
+            f"for one lane; the device has {device_bytes}"
+        )
+
+
+class GridLimit(CapabilityError):
+    """A launch needs more workgroups than even a 2-D grid of the device holds."""
+
+    def __init__(self, groups: int, max_x: int, max_y: int) -> None:
+        self.groups, self.max_x, self.max_y = groups, max_x, max_y
+        super().__init__(
+            f"{groups} workgroups exceed the device grid {max_x} x {max_y}"
+        )
+
+
+class BindingRange(CapabilityError):
+    """One value is wider than the device's maxStorageBufferRange."""
+
+    def __init__(self, name: str, nbytes: int, limit: int) -> None:
+        self.name, self.nbytes, self.limit = name, nbytes, limit
+        super().__init__(
+            f"value {name} is {nbytes} bytes; the device binds at most {limit} bytes "
+            f"(maxStorageBufferRange)"
+        )
+
+
+class ScratchBytes(CapabilityError):
+    """A declared plan-local scratch cannot be allocated on the device."""
+
+    def __init__(self, nbytes: int, limit: int) -> None:
+        self.nbytes, self.limit = nbytes, limit
+        super().__init__(f"scratch of {nbytes} bytes exceeds the device limit {limit}")
+
+
+class UnsupportedPrimitive(CapabilityError):
+    """No kernel generator exists for a primitive (or this form of it)."""
+
+    def __init__(self, prim: str, why: str) -> None:
+        self.prim, self.why = prim, why
+        super().__init__(f"no kernel for {prim}: {why}")
+
+
+class DtypeLowering(CapabilityError):
+    """A dtype has no lowering on this target (the generated kernels are F32/I32)."""
+
+    def __init__(self, prim: str, dtype: str) -> None:
+        self.prim, self.dtype = prim, dtype
+        super().__init__(f"{prim} at dtype {dtype} has no SPIR-V lowering here")
+
+
+# --- shaders and Vulkan ---------------------------------------------------------------------
+
+
+class ShaderCompileError(PootvkError):
+    """glslang refused a generated source: a generator bug, reported with the log."""
+
+    def __init__(self, log: str, source: str) -> None:
+        self.log, self.source = log, source
+        numbered = "\n".join(f"{i + 1:4d} {line}" for i, line in enumerate(source.splitlines()))
+        super().__init__(f"glslang failed:\n{log}\n--- source ---\n{numbered}")
+
+
+class VulkanError(PootvkError):
+    """A Vulkan call failed, or no usable device/driver exists."""
+
+
+class DeviceNotFound(VulkanError):
+    """POOTVK_DEVICE (or device=) names no device on this machine."""
+
+    def __init__(self, selector: object, available: list[str]) -> None:
+        self.selector, self.available = selector, available
+        super().__init__(f"no Vulkan device matches {selector!r}; available: {available}")
+
+
+class ValidationMessage(VulkanError):
+    """The Khronos validation layer reported a message while validation was on."""
+
+
+class ReplayMismatch(PootvkError, ValueError):
+    """A replay was given inputs that do not match what was recorded."""
