@@ -1,0 +1,23 @@
+"""Compiler passes: ``Graph -> Graph``; a graph a pass cannot prove keeps its primitives."""
+
+from __future__ import annotations
+
+from ..ir import Graph, check_graph
+from .attention_rewrite import attention_rewrite
+from .canonicalize import canonicalize, dead_code_elimination
+
+PASSES = (canonicalize, attention_rewrite, canonicalize)
+
+
+def compile_graph(g: Graph, *, check: bool = True) -> Graph:
+    """Run the pass pipeline; with ``check`` the IR type checker runs after every pass."""
+    if check:
+        check_graph(g)
+    for p in PASSES:
+        g = p(g)
+        if check:
+            check_graph(g)
+    return g
+
+
+__all__ = ["attention_rewrite", "canonicalize", "compile_graph", "dead_code_elimination"]

@@ -1,0 +1,18 @@
+"""The tracer: builders that append primitive eqns (attention is a chain, not an opcode)."""
+
+from .attention import (
+    attention_core,
+    attention_masked,
+    attention_prefill,
+    causal_mask,
+    repeat_kv,
+    softmax,
+    trace_attention,
+    trace_decode_step,
+)
+from .builder import Builder
+
+__all__ = [
+    "Builder", "attention_core", "attention_masked", "attention_prefill", "causal_mask",
+    "repeat_kv", "softmax", "trace_attention", "trace_decode_step",
+]

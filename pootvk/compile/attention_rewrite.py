@@ -1,0 +1,154 @@
+"""The attention rewrite: recognise the traced chain and replace it with one Attention eqn.
+
+Matched (after canonicalization), from the output back:
+
+    out = MatMul(Div(ex, Reduce[Sum,-1](ex)), rep(v))      ex = Exp(Sub(s, Reduce[Max,-1](s)))
+    s   = [Add(., mask)] [Mul(Tanh(Div(., cap)), cap)] Mul(MatMul(q, Transpose(rep(k))), scale)
+
+where ``rep`` is the GQA repeat (Reshape -> Broadcast -> Reshape, or nothing). The fused eqn
+reuses the chain's output Var, so nothing downstream is renamed. A chain is left alone when
+it cannot be typed as Attention (rank, batch broadcast, mask shape, non-literal scale), is
+not F32 (the generated kernel is F32 only), or when one of its scores intermediates is used
+outside the chain or observed (fusing would compute it twice).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir import F32, Eqn, Graph, Literal, Params, Var, type_eqn
+from .canonicalize import dead_code_elimination
+
+
+@dataclass
+class _Ctx:
+    prod: dict[Var, Eqn]
+    uses: dict[Var, list[Eqn]]
+    observed: set[Var]
+
+
+def _eq(ctx: _Ctx, v: Var, prim: str, **params: object) -> Eqn | None:
+    e = ctx.prod.get(v)
+    if e is None or e.prim != prim:
+        return None
+    if any(e.params.get(k) != want for k, want in params.items()):
+        return None
+    return e
+
+
+def _lit(v: Var) -> float | None:
+    return float(v.value) if isinstance(v, Literal) else None
+
+
+def _unrepeat(ctx: _Ctx, x: Var) -> tuple[Var, int]:
+    """Undo repeat_kv: the [B,Hkv,L,D] source and n_rep (1 when no repeat is traced)."""
+    r2 = _eq(ctx, x, "Reshape")
+    bc = r2 and _eq(ctx, r2.inputs[0], "Broadcast")
+    r1 = bc and _eq(ctx, bc.inputs[0], "Reshape")
+    if r1 and x.ndim == 4:
+        src = r1.inputs[0]
+        b, h, length, d = x.shape
+        if src.ndim == 4 and h % max(src.shape[1], 1) == 0:
+            n = h // src.shape[1]
+            if (
+                r1.out.shape == (b, src.shape[1], 1, length, d)
+                and bc.out.shape == (b, src.shape[1], n, length, d)
+                and src.shape == (b, src.shape[1], length, d)
+            ):
+                return src, n
+    return x, 1
+
+
+def _match(ctx: _Ctx, mm: Eqn) -> tuple[Eqn, list[Eqn]] | None:
+    probs, v_exp = mm.inputs
+    div = _eq(ctx, probs, "Div")
+    if div is None:
+        return None
+    ex, den = div.inputs
+    rsum = _eq(ctx, den, "Reduce", op="Sum", keepdim=True)
+    exp = _eq(ctx, ex, "Unary", op="Exp")
+    if rsum is None or exp is None or rsum.inputs[0] is not ex or ex.ndim != 4:
+        return None
+    sub = _eq(ctx, exp.inputs[0], "Sub")
+    if sub is None or rsum.params["axis"] != ex.ndim - 1:
+        return None
+    s, mx = sub.inputs
+    rmax = _eq(ctx, mx, "Reduce", op="Max", keepdim=True, axis=3)
+    if rmax is None or rmax.inputs[0] is not s:
+        return None
+    chain = [mm, div, rsum, exp, sub, rmax]
+
+    mask: Var | None = None
+    add = _eq(ctx, s, "Add")
+    if add is not None:
+        a, b = add.inputs
+        for scores, m in ((a, b), (b, a)):
+            if _eq(ctx, scores, "Mul") is not None and not isinstance(m, Literal):
+                s, mask = scores, m
+                chain.append(add)
+                break
+        else:
+            return None
+
+    softcap: float | None = None
+    outer = _eq(ctx, s, "Mul")
+    tanh = outer and _eq(ctx, outer.inputs[0], "Unary", op="Tanh")
+    inner = tanh and _eq(ctx, tanh.inputs[0], "Div")
+    if outer and tanh and inner:
+        cap, cap2 = _lit(outer.inputs[1]), _lit(inner.inputs[1])
+        if cap is None or cap != cap2:
+            return None
+        softcap = cap
+        chain += [outer, tanh, inner]
+        s = inner.inputs[0]
+
+    smul = _eq(ctx, s, "Mul")
+    if smul is None or _lit(smul.inputs[1]) is None:
+        return None
+    scale = _lit(smul.inputs[1])
+    qk = _eq(ctx, smul.inputs[0], "MatMul")
+    if qk is None:
+        return None
+    q, kt = qk.inputs
+    tr = _eq(ctx, kt, "Transpose", perm=(0, 1, 3, 2))
+    if tr is None:
+        return None
+    chain += [smul, qk, tr]
+
+    k, n_rep = _unrepeat(ctx, tr.inputs[0])
+    v, n_rep_v = _unrepeat(ctx, v_exp)
+    if n_rep != n_rep_v or any(x.dtype is not F32 for x in (q, k, v)):
+        return None
+    if mask is not None and (mask.dtype is not F32 or mask.ndim != 4):
+        return None
+
+    # Every scores intermediate must be private to the chain.
+    members = {id(e) for e in chain}
+    for e in chain:
+        if e is mm:
+            continue
+        if e.out in ctx.observed or any(id(u) not in members for u in ctx.uses.get(e.out, [])):
+            return None
+
+    params = Params(
+        scale=scale, softcap=softcap, n_rep=n_rep,
+        mask_kind="additive" if mask is not None else "none",
+    )
+    ins = (q, k, v) if mask is None else (q, k, v, mask)
+    try:
+        avals = type_eqn("Attention", ins, params)
+    except ValueError:
+        return None
+    if avals != [(mm.out.shape, mm.out.dtype)]:
+        return None
+    return Eqn("Attention", ins, mm.outputs, params), chain
+
+
+def attention_rewrite(g: Graph) -> Graph:
+    """Replace every recognised attention chain; everything else is left as it is."""
+    ctx = _Ctx(g.producers(), g.uses(), set(g.outputs().values()))
+    eqns: list[Eqn] = []
+    for e in g.eqns:
+        m = _match(ctx, e) if e.prim == "MatMul" else None
+        eqns.append(m[0] if m else e)
+    return dead_code_elimination(g.replace(eqns))

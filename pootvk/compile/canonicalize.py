@@ -1,0 +1,51 @@
+"""Canonicalization: a normal form the matchers can rely on, with no float op changed.
+
+- a Literal operand of a commutative op (Add, Mul, Max, Min) goes second (IEEE add/mul are
+  commutative, so the value is bit-identical);
+- Reshape/Broadcast to the same shape and identity Transposes are removed; Reshape of a
+  Reshape is one Reshape;
+- dead eqns (nothing observable uses them) are removed.
+"""
+
+from __future__ import annotations
+
+from ..ir import Eqn, Graph, Literal, Var
+
+COMMUTATIVE = ("Add", "Mul", "Max", "Min")
+
+
+def _is_identity(e: Eqn) -> bool:
+    if e.prim in ("Reshape", "Broadcast") and e.inputs[0].shape == e.out.shape:
+        return True
+    return e.prim == "Transpose" and tuple(e.params["perm"]) == tuple(range(e.out.ndim))
+
+
+def dead_code_elimination(g: Graph) -> Graph:
+    live: set[Var] = set(g.outputs().values())
+    kept: list[Eqn] = []
+    for e in reversed(g.eqns):
+        if any(o in live for o in e.outputs):
+            kept.append(e)
+            live.update(e.inputs)
+    return g.replace(list(reversed(kept)))
+
+
+def canonicalize(g: Graph) -> Graph:
+    subst: dict[Var, Var] = {}
+    producers: dict[Var, Eqn] = {}
+    eqns: list[Eqn] = []
+    for e in g.eqns:
+        ins = tuple(subst.get(v, v) for v in e.inputs)
+        if e.prim in COMMUTATIVE and isinstance(ins[0], Literal) and not isinstance(ins[1], Literal):
+            ins = (ins[1], ins[0])
+        e = Eqn(e.prim, ins, e.outputs, e.params)
+        if _is_identity(e):
+            subst[e.out] = ins[0]
+            continue
+        src = producers.get(ins[0]) if ins else None
+        if e.prim == "Reshape" and src is not None and src.prim == "Reshape":
+            e = Eqn("Reshape", (src.inputs[0],), e.outputs, e.params)
+        eqns.append(e)
+        for o in e.outputs:
+            producers[o] = e
+    return dead_code_elimination(g.replace(eqns, subst))

@@ -1,0 +1,61 @@
+"""Checking values bound to a graph's input slots against their declarations.
+
+Every binder (the oracle, the Vulkan replay) calls :func:`check_bind` before anything runs,
+so a wrong shape, dtype or out-of-range word is refused with a typed error naming the slot
+and nothing is written or published.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from ..errors import BindError, SlotRangeError
+from .graph import Graph, Slot
+
+
+def check_slot(slot: Slot, value: object) -> np.ndarray:
+    arr = np.asarray(value)
+    want = slot.var.dtype.numpy
+    if arr.shape != slot.var.shape:
+        raise BindError(slot.name, slot.var.shape, arr.shape, "shape")
+    if arr.dtype != want:
+        same_kind = (np.issubdtype(arr.dtype, np.floating) and np.issubdtype(want, np.floating)) or (
+            np.issubdtype(arr.dtype, np.integer) and np.issubdtype(want, np.integer)
+        )
+        if not same_kind:
+            raise BindError(slot.name, want.name, arr.dtype.name, "dtype")
+        if np.issubdtype(want, np.integer):
+            info = np.iinfo(want)
+            if arr.size and (arr.min() < info.min or arr.max() > info.max):
+                bad = int(arr.min()) if arr.min() < info.min else int(arr.max())
+                raise SlotRangeError(slot.name, bad, int(info.min), int(info.max))
+        arr = arr.astype(want)
+    if slot.range is not None and arr.size:
+        lo, hi = slot.range
+        bad_mask = (arr < lo) | (arr > hi)
+        if bad_mask.any():
+            raise SlotRangeError(slot.name, int(arr[bad_mask].flat[0]), lo, hi)
+    return arr if arr.flags.c_contiguous else arr.copy()
+
+
+def check_bind(
+    g: Graph, values: Mapping[str, object], *, only: set[str] | None = None
+) -> dict[str, np.ndarray]:
+    """Check ``values`` against the slots (all of them, or the names in ``only``).
+
+    Unknown names are refused too: a typo must not silently leave a slot unbound.
+    """
+    names = {s.name for s in g.slots}
+    for k in values:
+        if k not in names:
+            raise BindError(k, sorted(names), k, "slot name (one of)")
+    out: dict[str, np.ndarray] = {}
+    for s in g.slots:
+        if only is not None and s.name not in only:
+            continue
+        if s.name not in values:
+            raise BindError(s.name, s.var.aval(), "nothing", "a value of")
+        out[s.name] = check_slot(s, values[s.name])
+    return out

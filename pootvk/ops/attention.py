@@ -1,0 +1,192 @@
+"""Attention as primitive equations, exactly the chain of the seed document.
+
+No attention opcode is emitted here: ``compile.attention_rewrite`` recognises the chain and
+fuses it. The causal mask is built in the graph from Iota against the position slot, so
+nothing per-step is baked into a kernel.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..errors import ShapeError
+from ..ir import F32, Var
+from .builder import Builder
+
+NEG_INF = float("-inf")
+
+
+def repeat_kv(b: Builder, x: Var, n_rep: int) -> Var:
+    """GQA repeat over the head axis: Reshape -> Broadcast -> Reshape; nothing when n_rep == 1."""
+    if n_rep == 1:
+        return x
+    bb, hkv, length, d = x.shape
+    y = b.reshape(x, (bb, hkv, 1, length, d))
+    y = b.broadcast(y, (bb, hkv, n_rep, length, d))
+    return b.reshape(y, (bb, hkv * n_rep, length, d))
+
+
+def causal_mask(b: Builder, pos: Var, lq: int, lk: int) -> Var:
+    """Additive [1, 1, lq, lk] mask: 0 where key j <= pos + i, -inf past it."""
+    key = b.iota((1, 1, lq, lk), axis=3)
+    limit: Var = pos
+    if lq > 1:
+        limit = b.add(b.iota((1, 1, lq, lk), axis=2), pos)
+    visible = b.compare("Le", key, limit)
+    return b.select(visible, 0.0, NEG_INF)
+
+
+def softmax(b: Builder, x: Var) -> Var:
+    """Max-subtracted softmax over the last axis."""
+    m = b.reduce("Max", x, axis=-1, keepdim=True)
+    ex = b.exp(b.sub(x, m))
+    s = b.reduce("Sum", ex, axis=-1, keepdim=True)
+    return b.div(ex, s)
+
+
+def attention_core(
+    b: Builder,
+    q: Var,
+    k: Var,
+    v: Var,
+    mask: Var | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+) -> Var:
+    """softmax(cap(q k^T * scale) + mask) v over [B, H, L, D] operands (GQA by repeat_kv)."""
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise ShapeError(f"attention wants rank-4 q/k/v, got {q.shape}, {k.shape}, {v.shape}")
+    hq, hkv = q.shape[1], k.shape[1]
+    if hkv == 0 or hq % hkv:
+        raise ShapeError(f"query heads {hq} are not a multiple of key/value heads {hkv}")
+    if softcap is not None and not softcap > 0:
+        raise ShapeError(f"softcap must be > 0, got {softcap}")
+    n_rep = hq // hkv
+    scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
+    k_exp = repeat_kv(b, k, n_rep)
+    v_exp = repeat_kv(b, v, n_rep)
+    scores = b.matmul(q, b.transpose(k_exp, (0, 1, 3, 2)))
+    scores = b.mul(scores, scale)
+    if softcap is not None:
+        scores = b.mul(b.tanh(b.div(scores, float(softcap))), float(softcap))
+    if mask is not None:
+        scores = b.add(scores, mask)
+    return b.matmul(softmax(b, scores), v_exp)
+
+
+def _write_and_attend(
+    b: Builder,
+    q: Var,
+    k_new: Var,
+    v_new: Var,
+    k_cache: Var,
+    v_cache: Var,
+    pos: Var,
+    mask: Var | None,
+    scale: float | None,
+    softcap: float | None,
+) -> tuple[Var, Var, Var]:
+    lq, cap = q.shape[2], k_cache.shape[2]
+    if k_new.shape[2] != lq or v_new.shape[2] != lq:
+        raise ShapeError(f"{lq} query rows but k_new {k_new.shape}, v_new {v_new.shape}")
+    k_cache = b.dynamic_update_slice(k_cache, k_new, (0, 0, pos, 0))
+    v_cache = b.dynamic_update_slice(v_cache, v_new, (0, 0, pos, 0))
+    full = causal_mask(b, pos, lq, cap)
+    if mask is not None:
+        full = b.add(mask, full)
+    out = attention_core(b, q, k_cache, v_cache, full, scale, softcap)
+    return out, k_cache, v_cache
+
+
+def attention_masked(
+    b: Builder,
+    q: Var,
+    k_new: Var,
+    v_new: Var,
+    k_cache: Var,
+    v_cache: Var,
+    pos: Var,
+    *,
+    mask: Var | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+) -> tuple[Var, Var, Var]:
+    """One fixed-capacity decode step: write k/v at ``pos``, attend over the whole cache.
+
+    q [B,Hq,1,Dk]; k_new/v_new [B,Hkv,1,D]; caches [B,Hkv,cap,D] (state); pos i32[].
+    ``mask`` is an optional extra additive mask [B|1, Hq|1, 1, cap] (ALiBi). Returns
+    (out, k_cache', v_cache').
+    """
+    if q.shape[2] != 1:
+        raise ShapeError(f"attention_masked is a decode step (Lq == 1), got Lq={q.shape[2]}")
+    return _write_and_attend(b, q, k_new, v_new, k_cache, v_cache, pos, mask, scale, softcap)
+
+
+def attention_prefill(
+    b: Builder,
+    q: Var,
+    k_new: Var,
+    v_new: Var,
+    k_cache: Var,
+    v_cache: Var,
+    pos: Var,
+    *,
+    mask: Var | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+) -> tuple[Var, Var, Var]:
+    """Lq prompt rows written at ``pos`` and attended causally (row i sees keys <= pos + i)."""
+    return _write_and_attend(b, q, k_new, v_new, k_cache, v_cache, pos, mask, scale, softcap)
+
+
+def trace_attention(
+    q_shape: tuple[int, ...],
+    k_shape: tuple[int, ...],
+    v_shape: tuple[int, ...],
+    mask_shape: tuple[int, ...] | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+):
+    """A graph of plain attention over bound q/k/v (and mask): what ``pootvk.attention`` runs."""
+    b = Builder()
+    q = b.input("q", q_shape, F32)
+    k = b.input("k", k_shape, F32)
+    v = b.input("v", v_shape, F32)
+    m = b.input("mask", mask_shape, F32) if mask_shape is not None else None
+    b.export("out", attention_core(b, q, k, v, m, scale, softcap))
+    return b.build()
+
+
+def trace_decode_step(
+    batch: int,
+    q_heads: int,
+    kv_heads: int,
+    head_dim: int,
+    capacity: int,
+    *,
+    value_dim: int | None = None,
+    q_rows: int = 1,
+    softcap: float | None = None,
+    alibi: bool = False,
+    scale: float | None = None,
+):
+    """The graph of one fixed-capacity step (decode, or a prefill chunk of ``q_rows``).
+
+    Slots: q, k_new, v_new (inputs), k_cache, v_cache (state), pos (pos, declared in
+    [0, capacity - q_rows]), and with ``alibi`` a per-head additive mask param.
+    """
+    dv = head_dim if value_dim is None else value_dim
+    b = Builder()
+    q = b.input("q", (batch, q_heads, q_rows, head_dim))
+    k_new = b.input("k_new", (batch, kv_heads, q_rows, head_dim))
+    v_new = b.input("v_new", (batch, kv_heads, q_rows, dv))
+    kc = b.state("k_cache", (batch, kv_heads, capacity, head_dim))
+    vc = b.state("v_cache", (batch, kv_heads, capacity, dv))
+    pos = b.pos("pos", 0, capacity - q_rows)
+    mask = b.param("alibi", (1, q_heads, q_rows, capacity)) if alibi else None
+    fn = attention_masked if q_rows == 1 else attention_prefill
+    out, kc2, vc2 = fn(b, q, k_new, v_new, kc, vc, pos, mask=mask, scale=scale, softcap=softcap)
+    b.export("out", out)
+    b.set_state("k_cache", kc2)
+    b.set_state("v_cache", vc2)
+    return b.build()

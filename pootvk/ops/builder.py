@@ -1,0 +1,144 @@
+"""The tracer: a builder that appends typed primitive eqns to a graph under construction.
+
+One method per primitive; each types its eqn through ``ir.new_eqn`` so a malformed trace
+fails where it is written, with a ShapeError, not later in a pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..errors import ShapeError
+from ..ir import F32, I32, DType, Eqn, Graph, Literal, Slot, SlotKind, Var, new_eqn
+
+Operand = Var | float | int
+
+
+class Builder:
+    def __init__(self) -> None:
+        self.slots: list[Slot] = []
+        self.eqns: list[Eqn] = []
+        self.exports: dict[str, Var] = {}
+        self.states: dict[str, Var] = {}
+        self.validations: dict[str, Var] = {}
+
+    # --- slots and outputs ------------------------------------------------------------------
+    def slot(
+        self,
+        name: str,
+        kind: SlotKind,
+        shape: Sequence[int],
+        dtype: DType = F32,
+        range: tuple[int, int] | None = None,
+    ) -> Var:
+        if any(s.name == name for s in self.slots):
+            raise ShapeError(f"slot {name!r} declared twice")
+        if range is not None and not dtype.is_int:
+            raise ShapeError(f"slot {name!r}: only integer slots carry a range")
+        v = Var(tuple(shape), dtype, range)
+        self.slots.append(Slot(name, kind, v))
+        return v
+
+    def param(self, name: str, shape: Sequence[int], dtype: DType = F32) -> Var:
+        return self.slot(name, SlotKind.PARAM, shape, dtype)
+
+    def input(self, name: str, shape: Sequence[int], dtype: DType = F32) -> Var:
+        return self.slot(name, SlotKind.INPUT, shape, dtype)
+
+    def state(self, name: str, shape: Sequence[int], dtype: DType = F32) -> Var:
+        return self.slot(name, SlotKind.STATE, shape, dtype)
+
+    def pos(self, name: str, lo: int, hi: int) -> Var:
+        return self.slot(name, SlotKind.POS, (), I32, (lo, hi))
+
+    def set_state(self, name: str, v: Var) -> None:
+        self.states[name] = v
+
+    def export(self, name: str, v: Var) -> None:
+        self.exports[name] = v
+
+    def build(self) -> Graph:
+        return Graph(
+            list(self.slots), list(self.eqns), dict(self.exports), dict(self.states),
+            dict(self.validations),
+        )
+
+    # --- primitives ---------------------------------------------------------------------------
+    def lit(self, x: Operand, dtype: DType) -> Var:
+        return x if isinstance(x, Var) else Literal(x, dtype)
+
+    def emit(self, prim: str, inputs: Sequence[Var], **params: object) -> Var:
+        e = new_eqn(prim, inputs, **params)
+        self.eqns.append(e)
+        return e.out
+
+    def _bin(self, prim: str, a: Operand, b: Operand) -> Var:
+        dt = a.dtype if isinstance(a, Var) else b.dtype if isinstance(b, Var) else F32
+        return self.emit(prim, [self.lit(a, dt), self.lit(b, dt)])
+
+    def add(self, a: Operand, b: Operand) -> Var:
+        return self._bin("Add", a, b)
+
+    def sub(self, a: Operand, b: Operand) -> Var:
+        return self._bin("Sub", a, b)
+
+    def mul(self, a: Operand, b: Operand) -> Var:
+        return self._bin("Mul", a, b)
+
+    def div(self, a: Operand, b: Operand) -> Var:
+        return self._bin("Div", a, b)
+
+    def max(self, a: Operand, b: Operand) -> Var:
+        return self._bin("Max", a, b)
+
+    def min(self, a: Operand, b: Operand) -> Var:
+        return self._bin("Min", a, b)
+
+    def unary(self, op: str, x: Var) -> Var:
+        return self.emit("Unary", [x], op=op)
+
+    def exp(self, x: Var) -> Var:
+        return self.unary("Exp", x)
+
+    def tanh(self, x: Var) -> Var:
+        return self.unary("Tanh", x)
+
+    def compare(self, op: str, a: Operand, b: Operand) -> Var:
+        dt = a.dtype if isinstance(a, Var) else b.dtype if isinstance(b, Var) else I32
+        return self.emit("Compare", [self.lit(a, dt), self.lit(b, dt)], op=op)
+
+    def select(self, pred: Var, a: Operand, b: Operand) -> Var:
+        dt = a.dtype if isinstance(a, Var) else b.dtype if isinstance(b, Var) else F32
+        return self.emit("Select", [pred, self.lit(a, dt), self.lit(b, dt)])
+
+    def convert(self, x: Var, dtype: DType) -> Var:
+        return self.emit("Convert", [x], dtype=dtype)
+
+    def iota(self, shape: Sequence[int], axis: int, dtype: DType = I32) -> Var:
+        return self.emit("Iota", [], shape=tuple(shape), axis=axis, dtype=dtype)
+
+    def reshape(self, x: Var, shape: Sequence[int]) -> Var:
+        return self.emit("Reshape", [x], shape=tuple(shape))
+
+    def broadcast(self, x: Var, shape: Sequence[int]) -> Var:
+        return self.emit("Broadcast", [x], shape=tuple(shape))
+
+    def transpose(self, x: Var, perm: Sequence[int]) -> Var:
+        return self.emit("Transpose", [x], perm=tuple(perm))
+
+    def slice(self, x: Var, start: Sequence[int], limit: Sequence[int]) -> Var:
+        return self.emit("Slice", [x], start=tuple(start), limit=tuple(limit))
+
+    def concat(self, xs: Sequence[Var], axis: int) -> Var:
+        return self.emit("Concat", list(xs), axis=axis)
+
+    def matmul(self, a: Var, b: Var) -> Var:
+        return self.emit("MatMul", [a, b])
+
+    def reduce(self, op: str, x: Var, axis: int, keepdim: bool = True) -> Var:
+        return self.emit("Reduce", [x], op=op, axis=axis % x.ndim, keepdim=keepdim)
+
+    def dynamic_update_slice(self, operand: Var, update: Var, starts: Sequence[Operand]) -> Var:
+        return self.emit(
+            "DynamicUpdateSlice", [operand, update, *(self.lit(s, I32) for s in starts)]
+        )

