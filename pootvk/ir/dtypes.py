@@ -36,6 +36,8 @@ class DType(Enum):
     def __repr__(self) -> str:
         return self.value
 
+    __str__ = __repr__
+
 
 _NUMPY = {
     DType.F32: np.float32,

@@ -1,0 +1,40 @@
+"""Schedule choice: how many lanes a streaming attention workgroup gets on a device."""
+
+from __future__ import annotations
+
+from ..errors import AttentionLds, DtypeLowering
+from ..ir import F32, Eqn
+from .profile import DeviceProfile
+from .requests import AttentionRequest, fold_grid
+
+MAX_LANES = 64
+
+
+def choose_lanes(dv: int, profile: DeviceProfile) -> int:
+    """Widest power of two <= 64 whose running state, lanes * (dv + 2) floats, fits."""
+    per_lane = (dv + 2) * 4
+    lanes = MAX_LANES
+    while lanes >= 1:
+        if lanes * per_lane <= profile.max_workgroup_memory and lanes <= profile.max_invocations:
+            return lanes
+        lanes //= 2
+    raise AttentionLds(dv, per_lane, profile.max_workgroup_memory)
+
+
+def attention_request(e: Eqn, profile: DeviceProfile) -> AttentionRequest:
+    q, k, v, *rest = e.inputs
+    if q.dtype is not F32:
+        raise DtypeLowering("Attention", q.dtype.value)
+    b, hq, lq, dk = q.shape
+    hkv, lk, dv = k.shape[1], k.shape[2], v.shape[3]
+    lanes = choose_lanes(dv, profile)
+    mask = tuple(rest[0].shape[:3]) if rest else None
+    vec = 4 if dk % 4 == 0 and dv % 4 == 0 else 1
+    softcap = e.params["softcap"]
+    return AttentionRequest(
+        b=b, hq=hq, hkv=hkv, lq=lq, lk=lk, dk=dk, dv=dv,
+        scale=float(e.params["scale"]),
+        softcap=None if softcap is None else float(softcap),
+        mask=mask, lanes=lanes, vec=vec,
+        grid=fold_grid(b * hq * lq, profile.max_grid),
+    )

@@ -1,0 +1,112 @@
+"""The streaming attention kernel generator (decode and prefill are the same kernel).
+
+One workgroup of ``lanes`` invocations per (batch row, query head, query row). Lane ``i``
+walks keys i, i + lanes, ... and keeps its running (max m, denominator l, accumulator
+o[dv]) in *workgroup* memory (``shared`` arrays indexed by lane: never a private array
+indexed at run time). After one barrier the lanes fold their partials:
+
+    M = max_i m_i,   out[c] = sum_i o_i[c] * exp(m_i - M) / sum_i l_i * exp(m_i - M)
+
+A -inf score adds exactly zero weight (guarded, so -inf - -inf never makes a NaN), and a row
+that sees no key at all yields 0/0 = NaN, as the oracle's softmax does.
+
+Bindings: q, k, v, [mask], out. With ``vec == 4`` q/k/v/out are read as vec4.
+"""
+
+from __future__ import annotations
+
+from ..plan.requests import AttentionRequest
+from .common import buffer_block, float_lit, group_id, header
+
+
+def generate_attention(r: AttentionRequest) -> str:
+    w = r.vec
+    t = "vec4" if w == 4 else "float"
+    dk, dv = r.dk // w, r.dv // w
+    neg_inf = float_lit(float("-inf"))
+    binds = [
+        buffer_block(0, "q", t, readonly=True),
+        buffer_block(1, "k", t, readonly=True),
+        buffer_block(2, "v", t, readonly=True),
+    ]
+    if r.mask is not None:
+        binds.append(buffer_block(3, "mask", "float", readonly=True))
+    binds.append(buffer_block(4 if r.mask is not None else 3, "o", t, readonly=False))
+
+    score = [f"    s *= {float_lit(r.scale)};"]
+    if r.softcap is not None:
+        cap = float_lit(r.softcap)
+        score.append(f"    s = {cap} * tanh(clamp(s / {cap}, -15.0, 15.0));")
+    if r.mask is not None:
+        mb, mh, mq = r.mask
+        mrow = (
+            f"(({'b' if mb > 1 else '0u'} * {mh}u + {'h' if mh > 1 else '0u'}) * {mq}u"
+            f" + {'row' if mq > 1 else '0u'}) * {r.lk}u"
+        )
+        score.append(f"    s += mask[{mrow} + t];")
+    dot = "dot(q[qb + d], k[kb + d])" if w == 4 else "q[qb + d] * k[kb + d]"
+    score_code = "\n".join("    " + line for line in score)
+
+    return (
+        header(r.lanes)
+        + "".join(binds)
+        + f"""
+const uint LANES = {r.lanes}u;
+const uint DK = {dk}u;  // in units of {t}
+const uint DV = {dv}u;
+shared {t} s_acc[DV * LANES];  // [channel][lane]
+shared float s_m[LANES];
+shared float s_l[LANES];
+
+void main() {{
+    uint wg = {group_id(r.grid[0])};
+    if (wg >= {r.workgroups}u) return;  // uniform over the workgroup: before any barrier
+    uint row = wg % {r.lq}u;
+    uint h = (wg / {r.lq}u) % {r.hq}u;
+    uint b = wg / {r.lq * r.hq}u;
+    uint g = h / {r.n_rep}u;
+    uint lane = gl_LocalInvocationID.x;
+    uint qb = ((b * {r.hq}u + h) * {r.lq}u + row) * DK;
+    uint kbase = (b * {r.hkv}u + g) * {r.lk}u;
+    const float NEG_INF = {neg_inf};
+
+    for (uint c = 0u; c < DV; ++c) s_acc[c * LANES + lane] = {t}(0.0);
+    float m = NEG_INF;
+    float l = 0.0;
+    for (uint t = lane; t < {r.lk}u; t += LANES) {{
+        uint kb = (kbase + t) * DK;
+        float s = 0.0;
+        for (uint d = 0u; d < DK; ++d) s += {dot};
+{score_code}
+        if (s == NEG_INF) continue;  // zero weight
+        float m_new = max(m, s);
+        float rescale = (m == NEG_INF) ? 0.0 : exp(m - m_new);
+        float p = exp(s - m_new);
+        l = l * rescale + p;
+        uint vb = (kbase + t) * DV;
+        for (uint c = 0u; c < DV; ++c) {{
+            s_acc[c * LANES + lane] = s_acc[c * LANES + lane] * rescale + p * v[vb + c];
+        }}
+        m = m_new;
+    }}
+    s_m[lane] = m;
+    s_l[lane] = l;
+    barrier();
+    float mx = NEG_INF;
+    for (uint i = 0u; i < LANES; ++i) mx = max(mx, s_m[i]);
+    float den = 0.0;
+    for (uint i = 0u; i < LANES; ++i) {{
+        den += (s_m[i] == NEG_INF) ? 0.0 : s_l[i] * exp(s_m[i] - mx);
+    }}
+    uint ob = ((b * {r.hq}u + h) * {r.lq}u + row) * DV;
+    for (uint c = lane; c < DV; c += LANES) {{
+        {t} acc = {t}(0.0);
+        for (uint i = 0u; i < LANES; ++i) {{
+            float f = (s_m[i] == NEG_INF) ? 0.0 : exp(s_m[i] - mx);
+            acc += s_acc[c * LANES + i] * f;
+        }}
+        o[ob + c] = acc / den;
+    }}
+}}
+"""
+    )

@@ -1,0 +1,61 @@
+"""Pieces every generated kernel shares: the header, buffer blocks, the folded-grid id."""
+
+from __future__ import annotations
+
+import math
+import struct
+
+from ..ir import DType
+
+GLSL_TYPE = {
+    DType.F32: "float", DType.I32: "int", DType.U32: "uint", DType.BOOL: "uint",
+}
+
+
+def glsl_type(dt: DType) -> str:
+    return GLSL_TYPE[dt]
+
+
+def float_lit(x: float) -> str:
+    """An exact GLSL float: inf/nan through their bit patterns, finite values round-tripped."""
+    if math.isnan(x):
+        return "uintBitsToFloat(0x7fc00000u)"
+    if math.isinf(x):
+        return "uintBitsToFloat(0x7f800000u)" if x > 0 else "uintBitsToFloat(0xff800000u)"
+    bits = struct.unpack("<I", struct.pack("<f", x))[0]
+    return f"uintBitsToFloat(0x{bits:08x}u)"
+
+
+def literal(value: float | int | bool, dt: DType) -> str:
+    if dt is DType.F32:
+        return float_lit(float(value))
+    if dt is DType.BOOL:
+        return "1u" if value else "0u"
+    if dt is DType.U32:
+        return f"{int(value)}u"
+    return f"int({int(value)})"
+
+
+def header(local_size: int) -> str:
+    return f"#version 450\nlayout(local_size_x = {local_size}) in;\n"
+
+
+def buffer_block(binding: int, name: str, elem: str, *, readonly: bool) -> str:
+    access = "readonly " if readonly else ""
+    return (
+        f"layout(std430, set = 0, binding = {binding}) {access}buffer B{binding} "
+        f"{{ {elem} {name}[]; }};\n"
+    )
+
+
+def group_id(gx: int) -> str:
+    """The linear workgroup id over a (possibly folded 2-D) grid."""
+    return f"(gl_WorkGroupID.y * {gx}u + gl_WorkGroupID.x)"
+
+
+def strides(shape: tuple[int, ...]) -> list[int]:
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= d
+    return list(reversed(out))

@@ -1,0 +1,281 @@
+"""GLSL generators for the non-fused primitives, one rule per primitive (``glsl_rules``).
+
+Every kernel runs one invocation per output element (per update element for
+DynamicUpdateSlice), decodes its multi-index from the linear id with compile-time strides,
+and reads broadcast operands through stride-0 axes. Literal operands are inlined; every
+other operand is a bound buffer, in the order the plan lists them. No private arrays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..ir import BOOL, F32, DType
+from ..plan.requests import LiteralOperand, PrimRequest
+from .common import buffer_block, glsl_type, group_id, header, literal, strides
+
+Body = Callable[[PrimRequest, list[str]], str]
+glsl_rules: dict[str, Body] = {}
+
+
+def rule(*names: str) -> Callable[[Body], Body]:
+    def deco(f: Body) -> Body:
+        for n in names:
+            glsl_rules[n] = f
+        return f
+
+    return deco
+
+
+def _idx(i: int) -> str:
+    return f"i{i}"
+
+
+def decode_index(shape: tuple[int, ...], var: str = "gid") -> str:
+    """Declare i0..i{r-1}, the multi-index of ``var`` in a row-major ``shape``."""
+    lines = []
+    for d, (n, st) in enumerate(zip(shape, strides(shape), strict=True)):
+        lines.append(f"    uint {_idx(d)} = ({var} / {st}u) % {n}u;")
+    return "\n".join(lines)
+
+
+def bcast_index(in_shape: tuple[int, ...], out_rank: int) -> str:
+    """Linear index of a right-aligned, broadcast input at the output multi-index."""
+    st = strides(in_shape)
+    off = out_rank - len(in_shape)
+    terms = [
+        f"{_idx(off + d)} * {s}u" for d, (n, s) in enumerate(zip(in_shape, st, strict=True))
+        if n != 1
+    ]
+    return " + ".join(terms) if terms else "0u"
+
+
+def _operand(req: PrimRequest, names: list[str], j: int, index: str) -> str:
+    op = req.inputs[j]
+    if isinstance(op, LiteralOperand):
+        return literal(op.value, op.dtype)
+    return f"{names[j]}[{index}]"
+
+
+def _bcast_operand(req: PrimRequest, names: list[str], j: int) -> str:
+    op = req.inputs[j]
+    if isinstance(op, LiteralOperand):
+        return literal(op.value, op.dtype)
+    return f"{names[j]}[{bcast_index(op[0], len(req.output[0]))}]"
+
+
+def _dtype(req: PrimRequest, j: int) -> DType:
+    op = req.inputs[j]
+    return op.dtype if isinstance(op, LiteralOperand) else op[1]
+
+
+BINARY_EXPR = {
+    "Add": "a + b", "Sub": "a - b", "Mul": "a * b", "Div": "a / b",
+}
+
+
+@rule("Add", "Sub", "Mul", "Div", "Max", "Min")
+def _binary(req: PrimRequest, n: list[str]) -> str:
+    t = glsl_type(req.output[1])
+    a, b = _bcast_operand(req, n, 0), _bcast_operand(req, n, 1)
+    if req.prim in BINARY_EXPR:
+        expr = BINARY_EXPR[req.prim]
+    elif req.output[1] is F32:  # numpy's maximum/minimum propagate NaN; GLSL's max does not
+        f = "max" if req.prim == "Max" else "min"
+        expr = f"(isnan(a) || isnan(b)) ? a + b : {f}(a, b)"
+    else:
+        expr = f"{'max' if req.prim == 'Max' else 'min'}(a, b)"
+    return f"    {t} a = {a};\n    {t} b = {b};\n    y[gid] = {expr};"
+
+
+UNARY_EXPR = {
+    "Exp": "exp(x)",
+    # tanh saturates to +-1 in f32 past |x| = 9; clamping keeps drivers' exp-based tanh finite
+    "Tanh": "tanh(clamp(x, -15.0, 15.0))",
+    "Neg": "-x",
+    "Rsqrt": "inversesqrt(x)",
+    "Sqrt": "sqrt(x)",
+    "Log": "log(x)",
+    "Abs": "abs(x)",
+    "Recip": "1.0 / x",
+}
+
+
+@rule("Unary")
+def _unary(req: PrimRequest, n: list[str]) -> str:
+    t = glsl_type(req.output[1])
+    expr = UNARY_EXPR[req.params["op"]]
+    if req.params["op"] == "Tanh":
+        expr = f"isnan(x) ? x : {expr}"
+    return f"    {t} x = {_operand(req, n, 0, 'gid')};\n    y[gid] = {expr};"
+
+
+CMP = {"Lt": "<", "Le": "<=", "Gt": ">", "Ge": ">=", "Eq": "==", "Ne": "!="}
+
+
+@rule("Compare")
+def _compare(req: PrimRequest, n: list[str]) -> str:
+    a, b = _bcast_operand(req, n, 0), _bcast_operand(req, n, 1)
+    return f"    y[gid] = ({a} {CMP[req.params['op']]} {b}) ? 1u : 0u;"
+
+
+@rule("Select")
+def _select(req: PrimRequest, n: list[str]) -> str:
+    p, a, b = (_bcast_operand(req, n, j) for j in range(3))
+    return f"    y[gid] = ({p} != 0u) ? {a} : {b};"
+
+
+@rule("Convert")
+def _convert(req: PrimRequest, n: list[str]) -> str:
+    src, dst = _dtype(req, 0), req.output[1]
+    x = _operand(req, n, 0, "gid")
+    if dst is BOOL:
+        return f"    y[gid] = ({x} != {glsl_type(src)}(0)) ? 1u : 0u;"
+    return f"    y[gid] = {glsl_type(dst)}({x});"
+
+
+@rule("Iota")
+def _iota(req: PrimRequest, n: list[str]) -> str:
+    return f"    y[gid] = {glsl_type(req.output[1])}({_idx(req.params['axis'])});"
+
+
+@rule("Reshape", "Copy")
+def _copy(req: PrimRequest, n: list[str]) -> str:
+    return f"    y[gid] = {_operand(req, n, 0, 'gid')};"
+
+
+@rule("Broadcast")
+def _broadcast(req: PrimRequest, n: list[str]) -> str:
+    return f"    y[gid] = {_bcast_operand(req, n, 0)};"
+
+
+@rule("Transpose")
+def _transpose(req: PrimRequest, n: list[str]) -> str:
+    in_shape = req.inputs[0][0]
+    st = strides(in_shape)
+    perm = req.params["perm"]
+    terms = [f"{_idx(d)} * {st[perm[d]]}u" for d in range(len(perm))]
+    return f"    y[gid] = {n[0]}[{' + '.join(terms) or '0u'}];"
+
+
+@rule("Slice")
+def _slice(req: PrimRequest, n: list[str]) -> str:
+    st = strides(req.inputs[0][0])
+    terms = [f"({_idx(d)} + {s}u) * {st[d]}u" for d, s in enumerate(req.params["start"])]
+    return f"    y[gid] = {n[0]}[{' + '.join(terms) or '0u'}];"
+
+
+@rule("Concat")
+def _concat(req: PrimRequest, n: list[str]) -> str:
+    axis = req.params["axis"]
+    lines, base = [], 0
+    for j, (shape, _dt) in enumerate(req.inputs):
+        st = strides(shape)
+        idx = " + ".join(
+            f"({_idx(d)} - {base}u) * {st[d]}u" if d == axis else f"{_idx(d)} * {st[d]}u"
+            for d in range(len(shape))
+        )
+        cond = f"if ({_idx(axis)} < {base + shape[axis]}u)" if j < len(req.inputs) - 1 else ""
+        lines.append(f"    {cond} {{ y[gid] = {n[j]}[{idx}]; return; }}")
+        base += shape[axis]
+    return "\n".join(lines)
+
+
+@rule("MatMul")
+def _matmul(req: PrimRequest, n: list[str]) -> str:
+    (sa, _), (sb, _) = req.inputs[0], req.inputs[1]
+    out = req.output[0]
+    r = len(out)
+    m_, k_, n_ = sa[-2], sa[-1], sb[-1]
+
+    def batch(shape: tuple[int, ...]) -> str:
+        bshape = shape[:-2]
+        st = [s * shape[-2] * shape[-1] for s in strides(bshape)]
+        off = (r - 2) - len(bshape)
+        terms = [f"{_idx(off + d)} * {st[d]}u" for d, s in enumerate(bshape) if s != 1]
+        return " + ".join(terms) if terms else "0u"
+
+    t = glsl_type(req.output[1])
+    return (
+        f"    uint abase = {batch(sa)} + {_idx(r - 2)} * {k_}u;\n"
+        f"    uint bbase = {batch(sb)} + {_idx(r - 1)};\n"
+        f"    {t} acc = {t}(0);\n"
+        f"    for (uint k = 0u; k < {k_}u; ++k) {{\n"
+        f"        acc += {n[0]}[abase + k] * {n[1]}[bbase + k * {n_}u];\n"
+        f"    }}\n"
+        f"    y[gid] = acc; // M={m_}"
+    )
+
+
+@rule("Reduce")
+def _reduce(req: PrimRequest, n: list[str]) -> str:
+    (shape, dt) = req.inputs[0]
+    axis, keep = req.params["axis"], req.params["keepdim"]
+    st = strides(shape)
+    # output index d maps to input dim d (keepdim) or skips the reduced axis
+    in_dims = [d for d in range(len(shape)) if keep or d != axis]
+    terms = [
+        f"{_idx(od)} * {st[d]}u" for od, d in enumerate(in_dims) if d != axis
+    ]
+    base = " + ".join(terms) if terms else "0u"
+    t = glsl_type(dt)
+    x = f"{n[0]}[base + j * {st[axis]}u]"
+    if req.params["op"] == "Sum":
+        init, step = f"{t}(0)", f"acc += {x};"
+    elif dt is F32:
+        init = literal(float("-inf"), F32)
+        step = f"{t} x = {x}; if (isnan(x) || x > acc) acc = x;"
+    else:
+        init, step = literal(-(2**31), dt), f"acc = max(acc, {x});"
+    return (
+        f"    uint base = {base};\n    {t} acc = {init};\n"
+        f"    for (uint j = 0u; j < {shape[axis]}u; ++j) {{ {step} }}\n    y[gid] = acc;"
+    )
+
+
+@rule("DynamicUpdateSlice")
+def _dus(req: PrimRequest, n: list[str]) -> str:
+    (oshape, _), (ushape, _) = req.inputs[0], req.inputs[1]
+    ost = strides(oshape)
+    lines = []
+    for d in range(len(oshape)):
+        s = _operand(req, n, 2 + d, "0")
+        lines.append(
+            f"    uint s{d} = uint(clamp(int({s}), 0, {oshape[d] - ushape[d]}));"
+        )
+    idx = " + ".join(f"({_idx(d)} + s{d}) * {ost[d]}u" for d in range(len(oshape)))
+    lines.append(f"    y[{idx or '0u'}] = {n[1]}[gid];")
+    return "\n".join(lines)
+
+
+def generate_prim(req: PrimRequest) -> str:
+    """GLSL source for a primitive request (bindings: bound inputs in order, then y)."""
+    names: list[str] = []
+    decls = []
+    binding = 0
+    # DynamicUpdateSlice runs in place on its output: the operand is not bound.
+    skip = {0} if req.prim == "DynamicUpdateSlice" else set()
+    for j, op in enumerate(req.inputs):
+        if isinstance(op, LiteralOperand) or j in skip:
+            names.append("")
+            continue
+        name = f"x{j}"
+        decls.append(buffer_block(binding, name, glsl_type(op[1]), readonly=True))
+        names.append(name)
+        binding += 1
+    out_shape, out_dt = req.output
+    decls.append(buffer_block(binding, "y", glsl_type(out_dt), readonly=False))
+    index_shape = req.inputs[1][0] if req.prim == "DynamicUpdateSlice" else out_shape
+    body = glsl_rules[req.prim](req, names)
+    return (
+        header(req.local_size)
+        + "".join(decls)
+        + "void main() {\n"
+        + f"    uint gid = {group_id(req.grid[0])} * {req.local_size}u"
+        + " + gl_LocalInvocationID.x;\n"
+        + f"    if (gid >= {req.threads}u) return;\n"
+        + decode_index(index_shape)
+        + "\n"
+        + body
+        + "\n}\n"
+    )

@@ -1,0 +1,127 @@
+"""Replay: a plan's buffers, pipelines and one recorded command buffer, run every step.
+
+``Replay.step`` checks every bound value against its slot before anything is written
+(typed errors name the slot; nothing is written or published on a refusal), writes the
+step's inputs into their mapped buffers, submits the one recording, waits on its fence and
+only then reads the outputs. Per-step values (the position, new k/v) live in bound
+buffers, so the recording made at construction is valid for every step: ``recordings``
+stays 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from ..errors import BindError, ValidationMessage
+from ..ir import BOOL, SlotKind
+from ..ir.bind import check_bind
+from ..plan import Plan
+from .device import Device
+from .memory import Buffer
+from .recorder import BufferRange, Dispatch, Recorder, Recording
+
+
+def _device_bytes(arr: np.ndarray) -> np.ndarray:
+    """Bool is a 32-bit word on the device; everything else is stored as it is."""
+    return arr.astype(np.uint32) if arr.dtype == np.bool_ else arr
+
+
+class Replay:
+    def __init__(
+        self, device: Device, plan: Plan, spirv: list[bytes], *, timestamps: bool = False
+    ) -> None:
+        self.device, self.plan = device, plan
+        self.buffers: dict[str, Buffer] = {}
+        self.recording: Recording | None = None
+        self.recordings = 0
+        try:
+            for spec in plan.buffers.values():
+                host = spec.role in ("input", "export")
+                self.buffers[spec.name] = device.create_buffer(
+                    max(spec.nbytes, 4), host_visible=host, name=spec.name
+                )
+            for spec in plan.buffers.values():
+                if spec.role == "state":
+                    self.buffers[spec.name].zero()
+            dispatches = []
+            for k, spv in zip(plan.kernels, spirv, strict=True):
+                pipe = device.compute_pipeline(spv, len(k.operands))
+                binds = tuple(
+                    BufferRange(self.buffers[loc.buffer], loc.offset, max(loc.nbytes, 4))
+                    for loc in k.operands
+                )
+                dispatches.append(Dispatch(pipe, binds, (*k.request.grid, 1), k.label))
+            self.recording = Recorder(device).record(dispatches, timestamps=timestamps)
+            self.recordings += 1
+        except BaseException:
+            self.close()
+            raise
+        self._per_step = {s.name for s in plan.graph.slots if s.kind.per_step}
+        self._params = {s.name for s in plan.graph.slots if s.kind is SlotKind.PARAM}
+
+    # --- binding -------------------------------------------------------------------------------
+    def _slot_buffer(self, name: str) -> Buffer:
+        return self.buffers[self.plan.locations[self.plan.graph.slot(name).var].buffer]
+
+    def set_params(self, values: Mapping[str, object]) -> None:
+        """Write weights (PARAM slots); checked in full before the first byte is written."""
+        bad = set(values) - self._params
+        if bad:
+            raise BindError(sorted(bad)[0], sorted(self._params), "not a param", "param name")
+        checked = check_bind(self.plan.graph, values, only=set(values))
+        for name, arr in checked.items():
+            self._slot_buffer(name).write(0, _device_bytes(arr))
+
+    def set_state(self, name: str, value: object) -> None:
+        s = self.plan.graph.slot(name)
+        if s.kind is not SlotKind.STATE:
+            raise BindError(name, "a state slot", s.kind.value, "slot kind")
+        arr = check_bind(self.plan.graph, {name: value}, only={name})[name]
+        self._slot_buffer(name).write(0, _device_bytes(arr))
+
+    def read_state(self, name: str) -> np.ndarray:
+        s = self.plan.graph.slot(name)
+        return self._read(self.plan.locations[s.var], s.var.shape, s.var.dtype)
+
+    def _read(self, loc, shape, dtype) -> np.ndarray:
+        dev_dt = np.uint32 if dtype is BOOL else dtype.numpy
+        arr = self.buffers[loc.buffer].read_array(loc.offset, shape, dev_dt)
+        return arr.astype(np.bool_) if dtype is BOOL else arr
+
+    # --- one step --------------------------------------------------------------------------
+    def step(self, values: Mapping[str, object]) -> dict[str, np.ndarray]:
+        """Bind per-step slots (and any params given), run the recording, return exports."""
+        g = self.plan.graph
+        names = self._per_step | (set(values) & self._params)
+        checked = check_bind(g, values, only=names)
+        for name, arr in checked.items():
+            self._slot_buffer(name).write(0, _device_bytes(arr))
+        assert self.recording is not None
+        self.recording.submit(wait=True)
+        out = {}
+        for name, v in g.validations.items():
+            w = self._read(self.plan.outputs[name], v.shape, v.dtype)
+            if np.any(w):
+                raise ValidationMessage(f"index guard {name!r} failed: witness {w.tolist()}")
+        for name, v in g.exports.items():
+            out[name] = self._read(self.plan.outputs[name], v.shape, v.dtype)
+        return out
+
+    def gpu_time_ns(self) -> float | None:
+        return self.recording.gpu_time_ns() if self.recording else None
+
+    def close(self) -> None:
+        if self.recording is not None:
+            self.recording.destroy()
+            self.recording = None
+        for b in self.buffers.values():
+            b.destroy()
+        self.buffers.clear()
+
+    def __enter__(self) -> Replay:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
