@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from ..arena import ArenaLayout, Item, colour
 from ..errors import BindingRange, DtypeLowering, UnsupportedPrimitive
-from ..ir import F16, BF16, Graph, Literal, SlotKind, Var
+from ..ir import BF16, F16, Graph, Literal, SlotKind, Var
 from .profile import DeviceProfile
 from .requests import KernelRequest, LiteralOperand, PrimRequest, fold_grid
 from .schedule import attention_request
@@ -96,7 +96,9 @@ def _slot_buffer(kind: SlotKind, name: str) -> tuple[str, str]:
     return f"in:{name}", "input"
 
 
-def _locate(g: Graph, profile: DeviceProfile) -> tuple[dict[Var, Location], dict[str, BufferSpec], ArenaLayout]:
+def _locate(
+    g: Graph, profile: DeviceProfile
+) -> tuple[dict[Var, Location], dict[str, BufferSpec], ArenaLayout]:
     locs: dict[Var, Location] = {}
     bufs: dict[str, BufferSpec] = {}
     for s in g.slots:

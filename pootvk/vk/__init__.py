@@ -1,0 +1,30 @@
+"""Raw Vulkan through the ``vulkan`` cffi binding: devices, buffers, pipelines, recordings.
+
+Every handle has exactly one owner that destroys it; a Device owns everything made through
+it and destroys it all on ``close()``.
+"""
+
+from .device import Device, default_device
+from .instance import validation_active
+from .memory import Buffer
+from .physical import PhysicalDeviceInfo, physical_devices
+from .pipeline import Pipeline
+from .recorder import BufferRange, Dispatch, InvalidBinding, Recorder, Recording
+from .validation import clear_validation_messages, validation_messages
+
+__all__ = [
+    "Buffer",
+    "BufferRange",
+    "Device",
+    "Dispatch",
+    "InvalidBinding",
+    "PhysicalDeviceInfo",
+    "Pipeline",
+    "Recorder",
+    "Recording",
+    "clear_validation_messages",
+    "default_device",
+    "physical_devices",
+    "validation_active",
+    "validation_messages",
+]

@@ -104,7 +104,6 @@ def query_profile(handle: Any, exts: frozenset[str]) -> DeviceProfile:
             {},
         ),
     ]
-    names = [s[0] for s in structs]
     if api >= vk.VK_MAKE_VERSION(1, 2, 0) or "VK_KHR_driver_properties" in exts:
         structs.append(
             (
@@ -195,6 +194,7 @@ def select(selector: int | str | None, devices: list[PhysicalDeviceInfo]) -> Phy
     Raises DeviceNotFound(selector, names) when nothing matches.
     """
     names = [d.name for d in devices]
+    original = selector
     if not devices:
         raise DeviceNotFound(selector, names)
     if selector is None:
@@ -204,7 +204,7 @@ def select(selector: int | str | None, devices: list[PhysicalDeviceInfo]) -> Phy
     if isinstance(selector, int):
         if 0 <= selector < len(devices):
             return devices[selector]
-        raise DeviceNotFound(selector, names)
+        raise DeviceNotFound(original, names)
     want = selector.lower()
     for d in devices:
         if want in d.name.lower():

@@ -26,7 +26,8 @@ SEVERITIES = (
 )
 #: Message types: validation (spec violations) and general (layer/loader problems).
 TYPES = (
-    vk.VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT | vk.VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT
+    vk.VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT
+    | vk.VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT
 )
 
 

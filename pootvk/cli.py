@@ -1,0 +1,112 @@
+"""The ``pootvk`` console command: ``devices``, ``demo``, ``bench``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+from .errors import PootvkError
+
+
+def _devices(args: argparse.Namespace) -> int:
+    from .vk import physical_devices
+
+    for d in physical_devices():
+        p = d.profile
+        cu = f", {p.compute_units} compute units" if p.compute_units else ""
+        print(
+            f"[{d.index}] {d.name} ({d.device_type}, {p.driver}, Vulkan {p.api_version}): "
+            f"{p.max_workgroup_memory // 1024} KiB workgroup memory, "
+            f"grid {p.max_grid[0]}, binding range {p.max_storage_buffer_range >> 20} MiB, "
+            f"subgroup {p.subgroup_size}{cu}"
+        )
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from .llm import DecodeLoop
+    from .oracle import evaluate
+
+    b, hq, hkv, d, cap = args.batch, args.q_heads, args.kv_heads, args.head_dim, args.capacity
+    steps = min(args.steps, cap)
+    loop = DecodeLoop(b, hq, hkv, d, cap, device=args.device, softcap=args.softcap)
+    print(f"demo: decode loop B={b} Hq={hq} Hkv={hkv} D={d} capacity={cap} on "
+          f"{loop.device.name}; {len(loop.plan.kernels)} kernels per step, "
+          f"attention fused: {loop.plan.graph.count('Attention') == 1}")
+    rng = np.random.default_rng(args.seed)
+    kc = np.zeros((b, hkv, cap, d), np.float32)
+    vc = np.zeros_like(kc)
+    worst_nse, worst_abs, gpu_s = 0.0, 0.0, 0.0
+    t0 = last = time.perf_counter()
+    for i in range(steps):
+        q = rng.standard_normal((b, hq, 1, d), dtype=np.float32)
+        kn = rng.standard_normal((b, hkv, 1, d), dtype=np.float32)
+        vn = rng.standard_normal((b, hkv, 1, d), dtype=np.float32)
+        t = time.perf_counter()
+        out = loop.step(q, kn, vn)
+        gpu_s += time.perf_counter() - t
+        ref = evaluate(loop.graph, {"q": q, "k_new": kn, "v_new": vn, "k_cache": kc,
+                                    "v_cache": vc, "pos": np.int32(i)})
+        kc, vc = ref["k_cache"], ref["v_cache"]
+        diff = out - ref["out"]
+        worst_nse = max(worst_nse, float((diff**2).sum() / (ref["out"] ** 2).sum()))
+        worst_abs = max(worst_abs, float(np.abs(diff).max()))
+        now = time.perf_counter()
+        if now - last > 0.2 or i == steps - 1:
+            last = now
+            print(f"\r  step {i + 1}/{steps}  max abs err {worst_abs:.2e}  "
+                  f"{(i + 1) / gpu_s:.0f} steps/s", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    ok = worst_nse <= 5e-4
+    print(f"demo: {steps} steps, {loop.recordings} recording, {steps / gpu_s:.0f} steps/s "
+          f"(step only; {time.perf_counter() - t0:.1f} s with the oracle), max abs err "
+          f"{worst_abs:.2e}, worst normalised sq err {worst_nse:.1e}: "
+          f"{'OK' if ok else 'FAILED'}")
+    loop.close()
+    return 0 if ok and loop.recordings == 1 else 1
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from .benchmark import run
+    from .runtime import resolve_device
+
+    shapes = None
+    if args.shape:
+        shapes = [tuple(int(x) for x in s.split(",")) for s in args.shape]
+        for s in shapes:
+            if len(s) != 5:
+                raise SystemExit(f"--shape wants B,Hq,Hkv,Lk,D; got {s}")
+    run(resolve_device(args.device), shapes)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="pootvk", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("devices", help="list Vulkan devices and their limits")
+    demo = sub.add_parser("demo", help="a decode loop checked against the numpy oracle")
+    demo.add_argument("--steps", type=int, default=256)
+    demo.add_argument("--batch", type=int, default=2)
+    demo.add_argument("--q-heads", type=int, default=8)
+    demo.add_argument("--kv-heads", type=int, default=2)
+    demo.add_argument("--head-dim", type=int, default=64)
+    demo.add_argument("--capacity", type=int, default=256)
+    demo.add_argument("--softcap", type=float, default=None)
+    demo.add_argument("--seed", type=int, default=0)
+    bench = sub.add_parser("bench", help="decode-attention GB/s against the read ceiling")
+    bench.add_argument("--shape", action="append", help="B,Hq,Hkv,Lk,D (repeatable)")
+    for p in (demo, bench, sub.choices["devices"]):
+        p.add_argument("--device", default=None, help="index or name substring")
+    args = ap.parse_args(argv)
+    try:
+        return {"devices": _devices, "demo": _demo, "bench": _bench}[args.cmd](args)
+    except PootvkError as e:
+        print(f"pootvk: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

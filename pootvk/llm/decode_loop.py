@@ -1,0 +1,110 @@
+"""A fixed-capacity KV-cache decode loop, recorded once and replayed every token."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import BindError, CapacityExceeded
+from ..ir import Graph
+from ..ops import trace_decode_step
+from ..plan import Plan
+from ..runtime import build_replay, resolve_device
+from ..vk import Device
+
+
+class DecodeLoop:
+    """One decode step per call: write k/v at the position, attend over the cache.
+
+    The graph is traced once (DynamicUpdateSlice into the state caches, the in-graph causal
+    mask, the attention chain), compiled to one Attention eqn, planned, and recorded into a
+    single command buffer; every ``step`` only writes q, k_new, v_new and the position into
+    mapped buffers and resubmits it, so ``recordings`` stays 1.
+    """
+
+    def __init__(
+        self,
+        batch: int,
+        q_heads: int,
+        kv_heads: int,
+        head_dim: int,
+        capacity: int,
+        device: Device | int | str | None = None,
+        *,
+        value_dim: int | None = None,
+        softcap: float | None = None,
+        scale: float | None = None,
+        timestamps: bool = False,
+    ) -> None:
+        self.shape = (batch, q_heads, kv_heads, head_dim, value_dim or head_dim, capacity)
+        self.graph: Graph = trace_decode_step(
+            batch, q_heads, kv_heads, head_dim, capacity,
+            value_dim=value_dim, softcap=softcap, scale=scale,
+        )
+        self.device = resolve_device(device)
+        self._replay = build_replay(self.graph, self.device, timestamps=timestamps)
+        self.position = 0
+
+    @property
+    def plan(self) -> Plan:
+        return self._replay.plan
+
+    @property
+    def capacity(self) -> int:
+        return self.shape[5]
+
+    @property
+    def recordings(self) -> int:
+        """Command-buffer recordings made so far (1: recorded once, replayed every step)."""
+        return self._replay.recordings
+
+    def _arg(self, name: str, x: object, heads: int, width: int) -> np.ndarray:
+        b = self.shape[0]
+        a = np.asarray(x)
+        if a.shape == (b, heads, width):
+            a = a[:, :, None, :]
+        if a.shape != (b, heads, 1, width):
+            raise BindError(name, (b, heads, 1, width), a.shape, "shape")
+        return a
+
+    def step(self, q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray) -> np.ndarray:
+        """Append one token's k/v for every row and return attention out [B, Hq, 1, Dv]."""
+        b, hq, hkv, dk, dv, cap = self.shape
+        if self.position >= cap:
+            raise CapacityExceeded(self.position, 1, cap)
+        values = {
+            "q": self._arg("q", q, hq, dk),
+            "k_new": self._arg("k_new", k_new, hkv, dk),
+            "v_new": self._arg("v_new", v_new, hkv, dv),
+            "pos": np.int32(self.position),
+        }
+        out = self._replay.step(values)["out"]
+        self.position += 1
+        return out
+
+    def gpu_time_ns(self) -> float | None:
+        """GPU time of the last step (with ``timestamps=True``)."""
+        return self._replay.gpu_time_ns()
+
+    @property
+    def k_cache(self) -> np.ndarray:
+        return self._replay.read_state("k_cache")
+
+    @property
+    def v_cache(self) -> np.ndarray:
+        return self._replay.read_state("v_cache")
+
+    def reset(self) -> None:
+        """Start a new sequence: position 0, caches zeroed."""
+        for name in ("k_cache", "v_cache"):
+            s = self.graph.slot(name)
+            self._replay.set_state(name, np.zeros(s.var.shape, np.float32))
+        self.position = 0
+
+    def close(self) -> None:
+        self._replay.close()
+
+    def __enter__(self) -> DecodeLoop:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

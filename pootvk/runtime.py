@@ -1,0 +1,56 @@
+"""Glue from a traced graph to a ready Replay: compile, plan, generate, record (cached).
+
+Replays are cached per (device, plan key) so repeated calls with the same shapes reuse
+their pipelines, buffers and recording instead of rebuilding them.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from .compile import compile_graph
+from .ir import Graph
+from .plan import Plan, plan_graph
+from .shaders.generate import compile_plan
+from .vk import Device, default_device
+from .vk.replay import Replay
+
+_devices: dict[object, Device] = {}
+_replays: OrderedDict[tuple, Replay] = OrderedDict()
+MAX_CACHED_REPLAYS = 16
+
+
+def resolve_device(device: Device | int | str | None) -> Device:
+    """None -> the default device; an index or name substring -> that device (kept open)."""
+    if isinstance(device, Device):
+        return device
+    if device is None:
+        return default_device()
+    if device not in _devices:
+        _devices[device] = Device(device)
+    return _devices[device]
+
+
+def build_plan(g: Graph, device: Device) -> Plan:
+    return plan_graph(compile_graph(g), device.profile)
+
+
+def build_replay(g: Graph, device: Device, *, timestamps: bool = False) -> Replay:
+    """A new (uncached) Replay for ``g``: the caller owns it and closes it."""
+    plan = build_plan(g, device)
+    return Replay(device, plan, compile_plan(plan), timestamps=timestamps)
+
+
+def cached_replay(g: Graph, device: Device) -> Replay:
+    plan = build_plan(g, device)
+    key = (id(device), plan.key)
+    rp = _replays.get(key)
+    if rp is not None and rp.recording is not None and not device.closed:
+        _replays.move_to_end(key)
+        return rp
+    rp = Replay(device, plan, compile_plan(plan))
+    _replays[key] = rp
+    while len(_replays) > MAX_CACHED_REPLAYS:
+        _, old = _replays.popitem(last=False)
+        old.close()
+    return rp

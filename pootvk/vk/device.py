@@ -1,0 +1,282 @@
+"""The logical Device: one compute queue, and the owner of every object made through it.
+
+Why one owner: a plan creates buffers, pipelines and recordings; closing the Device
+destroys all of them in dependency order (recordings, pipelines, buffers, internal pools,
+then the VkDevice), so neither tests nor the validation layer ever see a leak.
+``live_objects()`` counts the Vulkan handles currently owned, for leak tests.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import vulkan as vk
+
+from pootvk.config import Config, config
+from pootvk.errors import VulkanError
+from pootvk.plan.profile import DeviceProfile
+
+from .instance import call, instance, live_devices
+from .memory import Buffer, MemoryTypes
+from .physical import PhysicalDeviceInfo, physical_devices, select
+from .pipeline import Pipeline, pipeline_key
+
+log = logging.getLogger("pootvk.vk")
+
+FENCE_TIMEOUT_NS = 600 * 1_000_000_000  # a step that takes 10 minutes is a hang
+
+
+class Device:
+    """A VkDevice with one compute queue on the selected physical device.
+
+    selector: an index, a case-insensitive name substring, or None (then
+    ``config.device`` / POOTVK_DEVICE, then the first discrete, integrated, virtual, cpu
+    device). No match raises DeviceNotFound(selector, names).
+    """
+
+    def __init__(self, selector: int | str | None = None, config: Config | None = None) -> None:
+        from pootvk.config import config as global_config
+
+        self.config = config if config is not None else global_config()
+        self.handle: Any = None
+        self._live = 0
+        self._owned: dict[int, Any] = {}  # id -> Buffer | Pipeline | Recording, creation order
+        self._pipelines: dict[tuple[str, int], Pipeline] = {}
+        self._lock = threading.RLock()
+        instance(self.config.validation)
+        chosen: PhysicalDeviceInfo = select(
+            selector if selector is not None else self.config.device, physical_devices()
+        )
+        self.physical = chosen
+        self.physical_handle = chosen.handle
+        self.profile: DeviceProfile = chosen.profile
+        self.name: str = chosen.name
+        self.memory_types = MemoryTypes(chosen.handle)
+        #: Map device-local memory directly when its type is host-visible (tests turn it
+        #: off to exercise the staging path on lavapipe).
+        self.allow_mapped_device_memory = True
+        families = vk.vkGetPhysicalDeviceQueueFamilyProperties(chosen.handle)
+        family = next(
+            (i for i, f in enumerate(families) if f.queueFlags & vk.VK_QUEUE_COMPUTE_BIT), None
+        )
+        if family is None:
+            raise VulkanError(f"{self.name} has no compute queue family")
+        self.queue_family = family
+        self.timestamp_valid_bits = int(families[family].timestampValidBits)
+        self._create_device(chosen)
+        live_devices.add(self)
+
+    def _create_device(self, chosen: PhysicalDeviceInfo) -> None:
+        priorities = [1.0]
+        qci = vk.VkDeviceQueueCreateInfo(
+            queueFamilyIndex=self.queue_family, queueCount=1, pQueuePriorities=priorities
+        )
+        qcis = [qci]
+        # Enable the 16-bit features the profile reports, so 16-bit kernels can run;
+        # nothing else is needed by generated kernels.
+        ffi = vk.ffi
+        keep: list[Any] = []
+        nxt: Any = ffi.NULL
+        extra = chosen.profile.extra
+        if extra.get("shader_float16"):
+            f16 = ffi.new(
+                "VkPhysicalDeviceShaderFloat16Int8Features*",
+                {
+                    "sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES,
+                    "shaderFloat16": 1,
+                },
+            )
+            keep.append(f16)
+            nxt = f16
+        if extra.get("storage_buffer_16bit"):
+            s16 = ffi.new(
+                "VkPhysicalDevice16BitStorageFeatures*",
+                {
+                    "sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES,
+                    "pNext": nxt,
+                    "storageBuffer16BitAccess": 1,
+                },
+            )
+            keep.append(s16)
+            nxt = s16
+        exts: list[str] = []
+        if (
+            "VK_KHR_shader_float16_int8" in chosen.extensions
+            and extra.get("shader_float16")
+            and tuple(int(x) for x in chosen.profile.api_version.split(".")[:2]) < (1, 2)
+        ):
+            exts.append("VK_KHR_shader_float16_int8")
+        if "VK_KHR_portability_subset" in chosen.extensions:
+            exts.append("VK_KHR_portability_subset")  # required when present (MoltenVK)
+        dci = vk.VkDeviceCreateInfo(
+            pNext=nxt if nxt != ffi.NULL else None,
+            queueCreateInfoCount=1,
+            pQueueCreateInfos=qcis,
+            ppEnabledExtensionNames=exts or None,
+        )
+        self.handle = call(vk.vkCreateDevice, chosen.handle, dci, None)
+        del dci, qcis, qci, priorities, keep
+        self.queue = vk.vkGetDeviceQueue(self.handle, self.queue_family, 0)
+        pool_info = vk.VkCommandPoolCreateInfo(
+            flags=vk.VK_COMMAND_POOL_CREATE_TRANSIENT_BIT
+            | vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
+            queueFamilyIndex=self.queue_family,
+        )
+        self._transfer_pool = call(vk.vkCreateCommandPool, self.handle, pool_info, None)
+        self._track(1)
+        self._transfer_fence = call(vk.vkCreateFence, self.handle, vk.VkFenceCreateInfo(), None)
+        self._track(1)
+
+    # --- ownership -----------------------------------------------------------------------
+
+    def _track(self, delta: int) -> None:
+        self._live += delta
+
+    def _adopt(self, obj: Any) -> None:
+        self._owned[id(obj)] = obj
+
+    def _disown(self, obj: Any) -> None:
+        self._owned.pop(id(obj), None)
+        if isinstance(obj, Pipeline):
+            self._pipelines.pop(obj.key, None)
+
+    def live_objects(self) -> int:
+        """Vulkan handles currently owned through this Device (buffers, memories, pipeline
+        parts, pools, fences, query pools...), not counting the VkDevice itself."""
+        return self._live
+
+    @property
+    def closed(self) -> bool:
+        return self.handle is None
+
+    def _require_open(self) -> None:
+        if self.handle is None:
+            raise VulkanError(f"device {self.name!r} is closed")
+
+    # --- factories -----------------------------------------------------------------------
+
+    def create_buffer(self, nbytes: int, *, host_visible: bool = False, name: str = "") -> Buffer:
+        """A storage buffer of ``max(4, round_up(nbytes, 4))`` bytes owned by this device."""
+        self._require_open()
+        return Buffer(self, nbytes, host_visible=host_visible, name=name)
+
+    def compute_pipeline(self, spirv: bytes, n_bindings: int) -> Pipeline:
+        """The pipeline for (spirv, n_bindings), created once and cached on this device."""
+        self._require_open()
+        key = pipeline_key(spirv, n_bindings)
+        with self._lock:
+            p = self._pipelines.get(key)
+            if p is None or p.destroyed:
+                p = Pipeline(self, spirv, n_bindings)
+                self._pipelines[key] = p
+            return p
+
+    # --- one-shot transfers (staging path) -----------------------------------------------
+
+    def _one_shot(self, record: Callable[[Any], None]) -> None:
+        """Record, submit and wait for a throwaway command buffer."""
+        self._require_open()
+        with self._lock:
+            info = vk.VkCommandBufferAllocateInfo(
+                commandPool=self._transfer_pool,
+                level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+                commandBufferCount=1,
+            )
+            cbs = call(vk.vkAllocateCommandBuffers, self.handle, info)
+            cb = cbs[0]
+            try:
+                begin = vk.VkCommandBufferBeginInfo(
+                    flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT
+                )
+                call(vk.vkBeginCommandBuffer, cb, begin)
+                record(cb)
+                # Make the transfer visible to later compute work and to host reads.
+                barrier = vk.VkMemoryBarrier(
+                    srcAccessMask=vk.VK_ACCESS_TRANSFER_WRITE_BIT,
+                    dstAccessMask=vk.VK_ACCESS_SHADER_READ_BIT
+                    | vk.VK_ACCESS_SHADER_WRITE_BIT
+                    | vk.VK_ACCESS_HOST_READ_BIT,
+                )
+                barriers = [barrier]
+                vk.vkCmdPipelineBarrier(
+                    cb,
+                    vk.VK_PIPELINE_STAGE_TRANSFER_BIT,
+                    vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_HOST_BIT,
+                    0, 1, barriers, 0, None, 0, None,
+                )
+                call(vk.vkEndCommandBuffer, cb)
+                cb_list = [cb]
+                submit = vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=cb_list)
+                submits = [submit]
+                fences = [self._transfer_fence]
+                call(vk.vkQueueSubmit, self.queue, 1, submits, self._transfer_fence)
+                call(vk.vkWaitForFences, self.handle, 1, fences, vk.VK_TRUE, FENCE_TIMEOUT_NS)
+                call(vk.vkResetFences, self.handle, 1, fences)
+            finally:
+                vk.vkFreeCommandBuffers(self.handle, self._transfer_pool, 1, cbs)
+
+    def _copy(self, src: Buffer, src_off: int, dst: Buffer, dst_off: int, n: int) -> None:
+        region = vk.VkBufferCopy(srcOffset=src_off, dstOffset=dst_off, size=n)
+        regions = [region]
+        self._one_shot(lambda cb: vk.vkCmdCopyBuffer(cb, src.handle, dst.handle, 1, regions))
+
+    def _fill(self, buf: Buffer, offset: int, n: int, word: int) -> None:
+        self._one_shot(lambda cb: vk.vkCmdFillBuffer(cb, buf.handle, offset, n, word))
+
+    def wait_idle(self) -> None:
+        self._require_open()
+        call(vk.vkDeviceWaitIdle, self.handle)
+
+    # --- lifetime ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Destroy everything this device owns, then the VkDevice (idempotent)."""
+        if self.handle is None:
+            return
+        try:
+            vk.vkDeviceWaitIdle(self.handle)
+        except Exception:  # a lost device still has to release its handles
+            log.exception("vkDeviceWaitIdle failed during close")
+        from .recorder import Recording
+
+        owned = list(self._owned.values())
+        order = [Recording, Pipeline, Buffer]
+        for kind in order:
+            for obj in owned:
+                if isinstance(obj, kind):
+                    obj.destroy()
+        self._pipelines.clear()
+        self._owned.clear()
+        vk.vkDestroyFence(self.handle, self._transfer_fence, None)
+        vk.vkDestroyCommandPool(self.handle, self._transfer_pool, None)
+        self._track(-2)
+        vk.vkDestroyDevice(self.handle, None)
+        self.handle = None
+        live_devices.discard(self)
+
+    def __enter__(self) -> Device:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{self._live} live handles"
+        return f"Device({self.name!r}, {self.profile.device_type}, {state})"
+
+
+_default: Device | None = None
+_default_lock = threading.Lock()
+
+
+def default_device() -> Device:
+    """The process-wide Device, created on first call from ``config()`` (re-created if it
+    was closed)."""
+    global _default
+    with _default_lock:
+        if _default is None or _default.closed:
+            _default = Device(None, config())
+        return _default
