@@ -36,7 +36,8 @@ def canonicalize(g: Graph) -> Graph:
     eqns: list[Eqn] = []
     for e in g.eqns:
         ins = tuple(subst.get(v, v) for v in e.inputs)
-        if e.prim in COMMUTATIVE and isinstance(ins[0], Literal) and not isinstance(ins[1], Literal):
+        lit0 = bool(ins) and isinstance(ins[0], Literal)
+        if e.prim in COMMUTATIVE and lit0 and not isinstance(ins[1], Literal):
             ins = (ins[1], ins[0])
         e = Eqn(e.prim, ins, e.outputs, e.params)
         if _is_identity(e):

@@ -21,8 +21,9 @@ def check_slot(slot: Slot, value: object) -> np.ndarray:
     if arr.shape != slot.var.shape:
         raise BindError(slot.name, slot.var.shape, arr.shape, "shape")
     if arr.dtype != want:
-        same_kind = (np.issubdtype(arr.dtype, np.floating) and np.issubdtype(want, np.floating)) or (
-            np.issubdtype(arr.dtype, np.integer) and np.issubdtype(want, np.integer)
+        same_kind = any(
+            np.issubdtype(arr.dtype, k) and np.issubdtype(want, k)
+            for k in (np.floating, np.integer)
         )
         if not same_kind:
             raise BindError(slot.name, want.name, arr.dtype.name, "dtype")
