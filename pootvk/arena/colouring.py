@@ -2,7 +2,7 @@
 
 Each item has a byte size and a liveness interval [first, last] of eqn indices (scratch
 lives exactly as long as the eqn that declares it). Items are placed first-fit by address
-among the items whose intervals overlap theirs, in order of definition; offsets are aligned
+among the items whose intervals overlap theirs, largest first; offsets are aligned
 to the device's ``minStorageBufferOffsetAlignment``. No item may be wider than one binding
 (``maxStorageBufferRange``); an arena buffer never passes ``maxMemoryAllocationSize``, so a
 large plan spreads over several arena buffers.
@@ -72,7 +72,10 @@ def colour(
             raise ScratchBytes(it.nbytes, max_buffer)
     layout = ArenaLayout(naive_bytes=sum(_align(it.nbytes, alignment) for it in items))
     placed: list[list[Placement]] = []
-    for it in sorted(items, key=lambda i: (i.first, i.last, i.name)):
+    # Largest first, each at the lowest free offset: placing in definition order instead
+    # fragments (a long-lived layer output pushes later small values above it, layer after
+    # layer), and the arena would grow with the layer count.
+    for it in sorted(items, key=lambda i: (-i.nbytes, i.first, i.last, i.name)):
         size = _align(max(it.nbytes, 4), alignment)
         for a, arena in enumerate([*placed, []]):
             busy = sorted(

@@ -1,0 +1,128 @@
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pootvk.compile import attention_rewrite, canonicalize, compile_graph
+from pootvk.ir import F16, F32
+from pootvk.ops import Builder, attention_core, softmax, trace_attention, trace_decode_step
+from pootvk.oracle import evaluate
+from tests.helpers import random_inputs
+
+GOLDEN = """\
+{ lambda
+    a:f32[1,8,1,16] <- input q
+    b:f32[1,2,1,16] <- input k_new
+    c:f32[1,2,1,16] <- input v_new
+    d:f32[1,2,32,16] <- state k_cache
+    e:f32[1,2,32,16] <- state v_cache
+    f:i32[] <- pos pos in [0, 31]
+  let
+    g:f32[1,2,32,16] = DynamicUpdateSlice d b 0:i32 0:i32 f 0:i32
+    h:f32[1,2,32,16] = DynamicUpdateSlice e c 0:i32 0:i32 f 0:i32
+    i:i32[1,1,1,32] = Iota[axis=3 dtype=i32 shape=(1, 1, 1, 32)]
+    j:bool[1,1,1,32] = Compare[op=Le] i f
+    k:f32[1,1,1,32] = Select j 0.0:f32 -inf:f32
+    l:f32[1,8,1,16] = Attention[mask_kind=additive n_rep=4 scale=0.25 softcap=None] a g h k
+  in ( out=l, state k_cache=g, state v_cache=h ) }"""
+
+
+def same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k], equal_nan=True) for k in a)
+
+
+def test_decode_chain_becomes_exactly_one_attention_eqn():
+    g = trace_decode_step(1, 8, 2, 16, 32)
+    c = compile_graph(g)
+    assert c.count("Attention") == 1
+    assert c.count("MatMul") == 0 and c.count("Reduce") == 0 and c.count("Broadcast") == 0
+    assert str(c) == GOLDEN
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    b=st.integers(1, 2), hkv=st.integers(1, 2), n_rep=st.sampled_from([1, 4]),
+    lq=st.sampled_from([1, 3]), lk=st.sampled_from([1, 7]), dk=st.sampled_from([4, 6]),
+    dv=st.sampled_from([4, 10]), mask=st.sampled_from([None, "shared", "per_head"]),
+    softcap=st.sampled_from([None, 3.0]), seed=st.integers(0, 1000),
+)
+def test_rewrite_keeps_the_oracle_answer_bit_for_bit(b, hkv, n_rep, lq, lk, dk, dv, mask,
+                                                    softcap, seed):
+    hq = hkv * n_rep
+    m = None if mask is None else (b, 1 if mask == "shared" else hq, lq, lk)
+    g = trace_attention((b, hq, lq, dk), (b, hkv, lk, dk), (b, hkv, lk, dv), m, softcap=softcap)
+    c = compile_graph(g)
+    assert c.count("Attention") == 1 and len(c.eqns) == 1
+    e = c.eqns[0]
+    assert e.params["n_rep"] == n_rep and e.params["softcap"] == softcap
+    assert e.params["mask_kind"] == ("none" if mask is None else "additive")
+    ins = random_inputs(g, np.random.default_rng(seed))
+    assert same(evaluate(g, ins), evaluate(c, ins))
+
+
+def test_decode_and_prefill_graphs_keep_their_answers():
+    for g in (trace_decode_step(2, 8, 2, 8, 12, softcap=20.0, alibi=True),
+              trace_decode_step(1, 4, 1, 8, 12, q_rows=5)):
+        c = compile_graph(g)
+        assert c.count("Attention") == 1
+        for pos in (0, 3, 7):
+            ins = random_inputs(g, np.random.default_rng(pos), pos=pos)
+            assert same(evaluate(g, ins), evaluate(c, ins))
+
+
+def _chain(dtype=F32, export_probs=False, scale_param=False, mask_rank3=False):
+    b = Builder()
+    q = b.input("q", (1, 2, 3, 4), dtype)
+    k = b.input("k", (1, 2, 5, 4), dtype)
+    v = b.input("v", (1, 2, 5, 4), dtype)
+    s = b.matmul(q, b.transpose(k, (0, 1, 3, 2)))
+    s = b.mul(s, b.input("scale", (), dtype) if scale_param else 0.5)
+    if mask_rank3:
+        s = b.add(s, b.input("mask", (2, 3, 5), dtype))
+    p = softmax(b, s)
+    b.export("out", b.matmul(p, v))
+    if export_probs:
+        b.export("probs", p)
+    return b.build()
+
+
+def test_unsupported_variants_keep_their_primitives():
+    for g in (_chain(F16), _chain(export_probs=True), _chain(scale_param=True),
+              _chain(mask_rank3=True)):
+        c = compile_graph(g)
+        assert c.count("Attention") == 0
+        assert c.count("MatMul") == 2
+        ins = random_inputs(g, np.random.default_rng(0))
+        assert same(evaluate(g, ins), evaluate(c, ins))
+    assert compile_graph(_chain()).count("Attention") == 1
+
+
+def test_chain_with_commuted_literal_is_canonicalized_then_fused():
+    b = Builder()
+    q, k, v = b.input("q", (1, 1, 2, 4)), b.input("k", (1, 1, 3, 4)), b.input("v", (1, 1, 3, 4))
+    s = b.mul(0.5, b.matmul(q, b.transpose(k, (0, 1, 3, 2))))  # literal first
+    b.export("out", b.matmul(softmax(b, s), v))
+    g = b.build()
+    assert attention_rewrite(g).count("Attention") == 0  # the matcher wants canonical form
+    c = compile_graph(g)
+    assert c.count("Attention") == 1 and c.eqns[0].params["scale"] == 0.5
+    ins = random_inputs(g, np.random.default_rng(1))
+    assert same(evaluate(g, ins), evaluate(c, ins))
+
+
+def test_canonicalize_drops_identities_and_dead_code():
+    b = Builder()
+    x = b.input("x", (2, 3))
+    y = b.reshape(b.reshape(x, (3, 2)), (6,))
+    b.exp(x)  # dead
+    b.export("y", b.transpose(b.broadcast(y, (6,)), (0,)))
+    c = canonicalize(b.build())
+    assert [e.prim for e in c.eqns] == ["Reshape"]
+    assert c.eqns[0].inputs[0] is x
+
+
+def test_attention_core_scale_default():
+    g = trace_attention((1, 1, 1, 64), (1, 1, 2, 64), (1, 1, 2, 64))
+    assert compile_graph(g).eqns[0].params["scale"] == 0.125
+    b = Builder()
+    q = b.input("q", (1, 1, 1, 4))
+    attention_core(b, q, q, q, scale=2.0)

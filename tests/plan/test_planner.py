@@ -1,0 +1,103 @@
+import pytest
+
+from pootvk.compile import compile_graph
+from pootvk.errors import AttentionLds, DtypeLowering, GridLimit, UnsupportedPrimitive
+from pootvk.ir import F16
+from pootvk.ops import Builder, trace_attention, trace_decode_step
+from pootvk.plan import (
+    AttentionRequest, DeviceProfile, choose_lanes, fold_grid, plan_graph, recorded_profile,
+    recorded_profiles,
+)
+
+LAVAPIPE = recorded_profile("lavapipe")
+
+
+def attn_plan(profile, dv=64, b=1, hq=8, lq=1):
+    g = compile_graph(trace_attention((b, hq, lq, 64), (b, 2, 100, 64), (b, 2, 100, dv)))
+    return plan_graph(g, profile)
+
+
+def test_recorded_profiles_load():
+    ps = recorded_profiles()
+    assert {"lavapipe", "nvidia_h200", "amd_rdna3_radv", "intel_arc_anv", "mobile_16k"} <= set(ps)
+    assert ps["lavapipe"].max_storage_buffer_range == 128 << 20
+
+
+@pytest.mark.parametrize(
+    ("profile", "dv", "lanes"),
+    [
+        ("lavapipe", 64, 64),      # 64 * 66 * 4 = 16896 <= 32768
+        ("lavapipe", 128, 32),     # 64 * 130 * 4 = 33280 > 32768
+        ("nvidia_h200", 128, 64),  # 33280 <= 49152
+        ("mobile_16k", 128, 16),
+        ("mobile_16k", 512, 4),    # a 512-wide head still runs, with fewer lanes
+        ("amd_rdna3_radv", 576, 16),
+    ],
+)
+def test_lanes_are_the_widest_power_of_two_that_fits(profile, dv, lanes):
+    p = recorded_profile(profile)
+    assert choose_lanes(dv, p) == lanes
+    assert lanes * (dv + 2) * 4 <= p.max_workgroup_memory
+    assert lanes == 64 or 2 * lanes * (dv + 2) * 4 > p.max_workgroup_memory
+
+
+def test_attention_lds_names_dv_and_device_bytes():
+    tiny = LAVAPIPE.with_(max_workgroup_memory=256)
+    with pytest.raises(AttentionLds) as e:
+        attn_plan(tiny, dv=128)
+    assert (e.value.dv, e.value.need_bytes, e.value.device_bytes) == (128, 520, 256)
+    assert "dv=128" in str(e.value) and "256" in str(e.value)
+
+
+def test_grid_folds_to_2d_past_the_x_limit():
+    assert fold_grid(100, (1000, 10, 1)) == (100, 1)
+    assert fold_grid(1001, (1000, 10, 1)) == (501, 2)
+    gx, gy = fold_grid(9999, (1000, 10, 1))
+    assert gx <= 1000 and gy <= 10 and gx * gy >= 9999
+    with pytest.raises(GridLimit) as e:
+        fold_grid(10001, (1000, 10, 1))
+    assert e.value.groups == 10001
+    small = LAVAPIPE.with_(max_grid=(7, 65535, 65535))
+    req = attn_plan(small, b=3, hq=8).kernels[-1].request
+    assert isinstance(req, AttentionRequest)
+    assert req.grid == (6, 4) and req.workgroups == 24
+
+
+def test_request_is_the_plan_key():
+    a, b = attn_plan(LAVAPIPE), attn_plan(LAVAPIPE)
+    assert a.key == b.key and hash(a.key) == hash(b.key)
+    assert attn_plan(LAVAPIPE, dv=72).key != a.key
+    assert attn_plan(recorded_profile("mobile_16k")).key != a.key  # lanes differ
+
+
+def test_decode_plan_binds_state_in_place_and_prints():
+    p = plan_graph(compile_graph(trace_decode_step(2, 8, 2, 64, 16)), LAVAPIPE)
+    labels = [k.label for k in p.kernels]
+    assert labels == ["DynamicUpdateSlice", "DynamicUpdateSlice", "Iota", "Compare", "Select",
+                      "attention"]
+    assert p.kernels[0].operands[-1].buffer == "state:k_cache"
+    attn = p.kernels[-1]
+    assert [o.buffer for o in attn.operands[1:3]] == ["state:k_cache", "state:v_cache"]
+    text = str(p)
+    assert "lanes=64" in text and "arena peak" in text and "state:k_cache" in text
+    for k in p.kernels:
+        for o in k.operands:
+            assert o.offset % LAVAPIPE.min_storage_offset_alignment == 0
+
+
+def test_typed_refusals():
+    b = Builder()
+    x = b.input("x", (4,), F16)
+    b.export("y", b.exp(x))
+    with pytest.raises(DtypeLowering):
+        plan_graph(b.build(), LAVAPIPE)
+    b = Builder()
+    x = b.state("s", (4,))
+    y = b.exp(x)
+    b.set_state("s", y)
+    b.export("z", b.add(x, y))  # reads the old state after its in-place update
+    with pytest.raises(UnsupportedPrimitive, match="after its in-place update"):
+        plan_graph(b.build(), LAVAPIPE)
+    p = DeviceProfile("no-grid", max_grid=(1, 1, 1))
+    with pytest.raises(GridLimit):
+        attn_plan(p)
