@@ -1,0 +1,69 @@
+import numpy as np
+import pytest
+
+from pootvk.errors import BindError, CapacityExceeded
+from pootvk.llm import DecodeLoop
+from pootvk.oracle import evaluate
+from tests.helpers import nse
+
+
+def test_256_steps_one_recording_every_step_matches_the_oracle(device):
+    b, hq, hkv, d, cap = 2, 8, 2, 64, 256
+    rng = np.random.default_rng(0)
+    kc = np.zeros((b, hkv, cap, d), np.float32)
+    vc = np.zeros_like(kc)
+    with DecodeLoop(b, hq, hkv, d, cap, device=device) as loop:
+        assert loop.plan.graph.count("Attention") == 1
+        worst = 0.0
+        for i in range(cap):
+            q = rng.standard_normal((b, hq, 1, d), dtype=np.float32)
+            kn = rng.standard_normal((b, hkv, 1, d), dtype=np.float32)
+            vn = rng.standard_normal((b, hkv, 1, d), dtype=np.float32)
+            out = loop.step(q, kn, vn)
+            ref = evaluate(loop.graph, {"q": q, "k_new": kn, "v_new": vn, "k_cache": kc,
+                                        "v_cache": vc, "pos": np.int32(i)})
+            kc, vc = ref["k_cache"], ref["v_cache"]
+            e = nse(out, ref["out"])
+            assert e <= 5e-4, f"step {i}: {e}"
+            worst = max(worst, e)
+        assert loop.recordings == 1 and loop.position == cap
+        np.testing.assert_array_equal(loop.k_cache, kc)
+        np.testing.assert_array_equal(loop.v_cache, vc)
+        assert worst < 1e-9  # f32 kernel against the f32 oracle: far inside the tolerance
+
+
+def test_capacity_and_bad_shapes_are_refused_without_touching_state(device):
+    rng = np.random.default_rng(1)
+    with DecodeLoop(1, 4, 2, 8, 3, device=device, softcap=10.0) as loop:
+        def args():
+            return (rng.standard_normal((1, 4, 8), dtype=np.float32),  # [B,H,D] is accepted
+                    rng.standard_normal((1, 2, 1, 8), dtype=np.float32),
+                    rng.standard_normal((1, 2, 1, 8), dtype=np.float32))
+
+        for _ in range(3):
+            loop.step(*args())
+        k = loop.k_cache
+        with pytest.raises(CapacityExceeded) as e:
+            loop.step(*args())
+        assert (e.value.position, e.value.capacity) == (3, 3)
+        np.testing.assert_array_equal(loop.k_cache, k)
+        loop.reset()
+        assert loop.position == 0 and not loop.k_cache.any()
+        q, kn, vn = args()
+        with pytest.raises(BindError):
+            loop.step(q, kn[:, :1], vn)
+        with pytest.raises(BindError):
+            loop.step(q, kn, vn.astype(np.int64))
+        assert loop.position == 0 and not loop.k_cache.any()
+        loop.step(q, kn, vn)
+        assert loop.position == 1 and loop.recordings == 1
+
+
+def test_value_width_and_timestamps(device):
+    rng = np.random.default_rng(2)
+    with DecodeLoop(1, 4, 4, 16, 8, device=device, value_dim=24, timestamps=True) as loop:
+        out = loop.step(rng.standard_normal((1, 4, 1, 16), dtype=np.float32),
+                        rng.standard_normal((1, 4, 1, 16), dtype=np.float32),
+                        rng.standard_normal((1, 4, 1, 24), dtype=np.float32))
+        assert out.shape == (1, 4, 1, 24)
+        assert loop.gpu_time_ns() > 0

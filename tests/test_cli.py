@@ -1,0 +1,32 @@
+import numpy as np
+
+from pootvk import cli, devices
+
+
+def test_devices_lists_the_default(capsys, device):
+    assert cli.main(["devices"]) == 0
+    assert device.name in capsys.readouterr().out
+    assert any(d.name == device.name for d in devices())
+
+
+def test_demo_checks_against_the_oracle(capsys, device):
+    assert cli.main(["demo", "--steps", "40", "--capacity", "64"]) == 0
+    out = capsys.readouterr()
+    assert "40 steps, 1 recording" in out.out and ": OK" in out.out
+    assert "step 40/40" in out.err  # the progress line
+
+
+def test_bench_prints_ratios(capsys, device):
+    assert cli.main(["bench", "--shape", "1,4,2,256,32"]) == 0
+    out = capsys.readouterr().out
+    assert "streaming-read ceiling" in out and "of ceiling" in out and "vs numpy" in out
+    row = [r for r in out.splitlines() if r.startswith("| 1 | 4 |")][0]
+    frac = float(row.split("|")[8].strip().rstrip("%"))
+    assert 0 < frac and np.isfinite(frac)
+
+
+def test_bad_bench_shape_is_refused():
+    import pytest
+
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--shape", "1,2,3"])

@@ -1,0 +1,115 @@
+"""pootvk.attention on the live Vulkan device against the numpy oracle."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import pootvk
+from pootvk.errors import BindError, ShapeError
+from pootvk.ops import trace_attention
+from pootvk.oracle import evaluate
+from tests.helpers import nse
+
+TOL = 5e-4
+
+
+def oracle(q, k, v, mask=None, scale=None, softcap=None):
+    g = trace_attention(q.shape, k.shape, v.shape, None if mask is None else mask.shape,
+                        scale=scale, softcap=softcap)
+    ins = {"q": q, "k": k, "v": v} | ({} if mask is None else {"mask": mask})
+    return evaluate(g, ins)["out"]
+
+
+def check(got, ref):
+    assert got.shape == ref.shape and got.dtype == np.float32
+    nan = np.isnan(ref)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    e = nse(got[~nan], ref[~nan])
+    assert e <= TOL, f"normalised squared error {e:.2e} (max abs {np.abs(got - ref).max():.2e})"
+    return e
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    b=st.integers(1, 3), n_rep=st.sampled_from([1, 4, 8, 12]), hkv=st.integers(1, 2),
+    lq=st.sampled_from([1, 7]), lk=st.sampled_from([1, 113, 1000]),
+    dk=st.sampled_from([40, 64, 72, 128]), dv=st.sampled_from([40, 64, 72, 128]),
+    mask=st.sampled_from([None, "shared", "alibi"]), softcap=st.sampled_from([None, 8.0]),
+    seed=st.integers(0, 2**16),
+)
+def test_attention_matches_oracle(device, b, n_rep, hkv, lq, lk, dk, dv, mask, softcap, seed):
+    rng = np.random.default_rng(seed)
+    hq = hkv * n_rep
+    q = rng.standard_normal((b, hq, lq, dk), dtype=np.float32)
+    k = rng.standard_normal((b, hkv, lk, dk), dtype=np.float32)
+    v = rng.standard_normal((b, hkv, lk, dv), dtype=np.float32)
+    m = None
+    if mask == "shared":  # causal-style additive mask, one for every head
+        m = np.where(np.arange(lk)[None, :] <= np.arange(lq)[:, None] + lk - lq, 0.0, -np.inf)
+        m = np.broadcast_to(m, (b, 1, lq, lk)).astype(np.float32)
+    elif mask == "alibi":  # per-head linear bias
+        slopes = 2.0 ** (-8.0 * np.arange(1, hq + 1) / hq)
+        m = (slopes[:, None, None] * (np.arange(lk) - lk + 1)[None, None, :])
+        m = np.broadcast_to(m[None], (1, hq, lq, lk)).astype(np.float32)
+    got = pootvk.attention(q, k, v, mask=m, softcap=softcap, device=device)
+    check(got, oracle(q, k, v, m, softcap=softcap))
+
+
+@pytest.mark.parametrize(
+    ("qs", "ks", "vs"),
+    [
+        ((1, 4, 3, 6), (1, 2, 17, 6), (1, 2, 17, 10)),  # widths not multiples of 4: scalar path
+        ((2, 1, 1, 576), (2, 1, 33, 576), (2, 1, 33, 512)),  # MLA-like wide head, dv < dk
+        ((1, 2, 2, 8), (1, 2, 300, 8), (1, 2, 300, 8)),
+    ],
+)
+def test_odd_shapes_and_explicit_scale(device, qs, ks, vs):
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal(s, dtype=np.float32) for s in (qs, ks, vs))
+    got = pootvk.attention(q, k, v, scale=0.3, device=device)
+    check(got, oracle(q, k, v, scale=0.3))
+
+
+def test_minus_inf_adds_zero_weight_and_empty_rows_are_nan(device):
+    rng = np.random.default_rng(2)
+    q = rng.standard_normal((1, 2, 3, 8), dtype=np.float32)
+    k = rng.standard_normal((1, 2, 130, 8), dtype=np.float32)
+    v = rng.standard_normal((1, 2, 130, 8), dtype=np.float32)
+    m = np.zeros((1, 2, 3, 130), np.float32)
+    m[..., 0, 5:] = -np.inf  # row 0 sees 5 keys
+    m[..., 1, :] = -np.inf  # row 1 sees nothing: 0/0
+    m[0, 1, 2, ::2] = -np.inf
+    got = pootvk.attention(q, k, v, mask=m, device=device)
+    check(got, oracle(q, k, v, m))
+    assert np.isnan(got[:, :, 1]).all() and np.isfinite(got[:, :, 0]).all()
+
+
+def test_repeated_calls_reuse_one_recording(device):
+    from pootvk import runtime
+
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((1, 4, 1, 16), dtype=np.float32)
+    k = rng.standard_normal((1, 4, 50, 16), dtype=np.float32)
+    before = len(runtime._replays)
+    for _ in range(3):
+        out = pootvk.attention(q, k, k, device=device)
+    assert len(runtime._replays) <= before + 1
+    check(out, oracle(q, k, k))
+
+
+def test_bad_input_is_a_typed_error(device):
+    q = np.zeros((1, 4, 1, 8), np.float32)
+    k = np.zeros((1, 2, 5, 8), np.float32)
+    with pytest.raises(BindError, match="dtype"):
+        pootvk.attention(q.astype(np.int32), k, k, device=device)
+    with pytest.raises(BindError, match="rank 4"):
+        pootvk.attention(q[0], k, k, device=device)
+    with pytest.raises(ShapeError, match="multiple"):
+        pootvk.attention(np.zeros((1, 3, 1, 8), np.float32), k, k, device=device)
+    with pytest.raises(ShapeError, match="key width"):
+        pootvk.attention(q, np.zeros((1, 2, 5, 4), np.float32), k, device=device)
+    with pytest.raises(ShapeError, match="mask"):
+        pootvk.attention(q, k, k, mask=np.zeros((1, 3, 1, 5), np.float32), device=device)
+    with pytest.raises(ShapeError, match="mask"):
+        pootvk.attention(q, k, k, mask=np.zeros((1, 1, 1, 6), np.float32), device=device)
