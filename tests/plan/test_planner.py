@@ -5,7 +5,12 @@ from pootvk.errors import AttentionLds, DtypeLowering, GridLimit, UnsupportedPri
 from pootvk.ir import F16
 from pootvk.ops import Builder, trace_attention, trace_decode_step
 from pootvk.plan import (
-    AttentionRequest, DeviceProfile, choose_lanes, fold_grid, plan_graph, recorded_profile,
+    AttentionRequest,
+    DeviceProfile,
+    choose_lanes,
+    fold_grid,
+    plan_graph,
+    recorded_profile,
     recorded_profiles,
 )
 
