@@ -34,6 +34,7 @@ class ReadCeiling:
 @dataclass
 class DecodeResult:
     shape: tuple[int, int, int, int, int]  # B, Hq, Hkv, Lk, D
+    form: str  # the attention kernel's form: lanes | coop
     kv_bytes: int
     attn_gbps: float
     ceiling_frac: float
@@ -85,12 +86,14 @@ def bench_decode(
     shape: tuple[int, int, int, int, int],
     ceiling: ReadCeiling,
     reps: int = 20,
+    cooperative: bool | None = None,
 ) -> DecodeResult:
     """One decode step at (B, Hq, Hkv, Lk, D) with a full cache (position Lk - 1)."""
     b, hq, hkv, lk, d = shape
     g = trace_decode_step(b, hq, hkv, d, lk)
     rng = np.random.default_rng(0)
-    rp = build_replay(g, device, timestamps=True)
+    rp = build_replay(g, device, timestamps=True, cooperative=cooperative)
+    form = "coop" if rp.plan.kernels[-1].request.tile else "lanes"
     try:
         kc = rng.random((b, hkv, lk, d), dtype=np.float32) - 0.5
         vc = rng.random((b, hkv, lk, d), dtype=np.float32) - 0.5
@@ -127,7 +130,7 @@ def bench_decode(
     gbps = kv_bytes / attn_ns
     err = np.abs(out - ref)
     return DecodeResult(
-        shape=shape, kv_bytes=kv_bytes, attn_gbps=gbps, ceiling_frac=gbps / ceiling.gbps,
+        shape=shape, form=form, kv_bytes=kv_bytes, attn_gbps=gbps, ceiling_frac=gbps / ceiling.gbps,
         attn_us=attn_ns / 1e3, step_gpu_us=statistics.median(gpu) / 1e3,
         step_wall_us=statistics.median(wall) * 1e6, numpy_us=numpy_s * 1e6,
         max_err=float(err.max()), nse=float(((out - ref) ** 2).sum() / (ref**2).sum()),
@@ -141,7 +144,9 @@ GPU_SHAPES = [(1, 32, 8, 4096, 128), (1, 32, 8, 32768, 128), (8, 32, 8, 8192, 12
 
 
 def run(device: Device, shapes: list[tuple[int, int, int, int, int]] | None = None,
-        out=sys.stdout) -> list[DecodeResult]:
+        out=sys.stdout, forms: tuple[bool | None, ...] = (None,)) -> list[DecodeResult]:
+    """Print a markdown table; ``forms`` lists kernel forms to measure (None: the planner's
+    choice, True: cooperative, False: per-lane)."""
     if shapes is None:
         shapes = CPU_SHAPES if device.profile.device_type == "cpu" else GPU_SHAPES
     ceiling = read_ceiling(device)
@@ -149,15 +154,16 @@ def run(device: Device, shapes: list[tuple[int, int, int, int, int]] | None = No
           file=out)
     print(f"streaming-read ceiling: {ceiling.gbps:.1f} GB/s over {ceiling.nbytes >> 20} MiB",
           file=out)
-    print("| B | Hq | Hkv | Lk | D | K/V MiB | attn GB/s | of ceiling | attn us | step GPU us "
-          "| step wall us | vs numpy | max err |", file=out)
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|", file=out)
+    print("| B | Hq | Hkv | Lk | D | form | K/V MiB | attn GB/s | of ceiling | attn us "
+          "| step GPU us | step wall us | vs numpy | max err |", file=out)
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", file=out)
     results = []
     for s in shapes:
-        r = bench_decode(device, s, ceiling)
-        results.append(r)
-        print(f"| {' | '.join(map(str, s))} | {r.kv_bytes / 2**20:.0f} | {r.attn_gbps:.1f} "
-              f"| {r.ceiling_frac:.1%} | {r.attn_us:.1f} | {r.step_gpu_us:.1f} "
-              f"| {r.step_wall_us:.1f} | {r.vs_numpy:.1f}x | {r.max_err:.1e} |", file=out,
-              flush=True)
+        for form in forms:
+            r = bench_decode(device, s, ceiling, cooperative=form)
+            results.append(r)
+            print(f"| {' | '.join(map(str, s))} | {r.form} | {r.kv_bytes / 2**20:.0f} "
+                  f"| {r.attn_gbps:.1f} | {r.ceiling_frac:.1%} | {r.attn_us:.1f} "
+                  f"| {r.step_gpu_us:.1f} | {r.step_wall_us:.1f} | {r.vs_numpy:.1f}x "
+                  f"| {r.max_err:.1e} |", file=out, flush=True)
     return results
