@@ -79,8 +79,7 @@ def _bench(args: argparse.Namespace) -> int:
         for s in shapes:
             if len(s) != 5:
                 raise SystemExit(f"--shape wants B,Hq,Hkv,Lk,D; got {s}")
-    forms = {"auto": (None,), "lanes": (False,), "coop": (True,), "both": (False, True)}
-    run(resolve_device(args.device), shapes, forms=forms[args.form])
+    run(resolve_device(args.device), shapes)
     return 0
 
 
@@ -99,8 +98,6 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--seed", type=int, default=0)
     bench = sub.add_parser("bench", help="decode-attention GB/s against the read ceiling")
     bench.add_argument("--shape", action="append", help="B,Hq,Hkv,Lk,D (repeatable)")
-    bench.add_argument("--form", choices=("auto", "lanes", "coop", "both"), default="auto",
-                       help="attention kernel form (auto: the planner's choice)")
     for p in (demo, bench, sub.choices["devices"]):
         p.add_argument("--device", default=None, help="index or name substring")
     args = ap.parse_args(argv)

@@ -31,15 +31,13 @@ def resolve_device(device: Device | int | str | None) -> Device:
     return _devices[device]
 
 
-def build_plan(g: Graph, device: Device, cooperative: bool | None = None) -> Plan:
-    return plan_graph(compile_graph(g), device.profile, cooperative=cooperative)
+def build_plan(g: Graph, device: Device) -> Plan:
+    return plan_graph(compile_graph(g), device.profile)
 
 
-def build_replay(
-    g: Graph, device: Device, *, timestamps: bool = False, cooperative: bool | None = None
-) -> Replay:
+def build_replay(g: Graph, device: Device, *, timestamps: bool = False) -> Replay:
     """A new (uncached) Replay for ``g``: the caller owns it and closes it."""
-    plan = build_plan(g, device, cooperative)
+    plan = build_plan(g, device)
     return Replay(device, plan, compile_plan(plan), timestamps=timestamps)
 
 

@@ -167,11 +167,8 @@ class _CopyEqn:
         self.params = Params()
 
 
-def plan_graph(g: Graph, profile: DeviceProfile, *, cooperative: bool | None = None) -> Plan:
-    """Plan a compiled graph for ``profile``; every refusal is a typed error.
-
-    ``cooperative`` forces the attention kernel's form (None: chosen by device type).
-    """
+def plan_graph(g: Graph, profile: DeviceProfile) -> Plan:
+    """Plan a compiled graph for ``profile``; every refusal is a typed error."""
     for e in g.eqns:
         for v in (*e.inputs, *e.outputs):
             if v.dtype in (F16, BF16):
@@ -197,7 +194,7 @@ def plan_graph(g: Graph, profile: DeviceProfile, *, cooperative: bool | None = N
     kernels: list[Kernel] = []
     for i, e in enumerate(g.eqns):
         if e.prim == "Attention":
-            req: KernelRequest = attention_request(e, profile, cooperative)
+            req: KernelRequest = attention_request(e, profile)
             ops = tuple(locs[v] for v in e.inputs) + (locs[e.out],)
             kernels.append(Kernel(req, ops, i, "attention"))
             continue

@@ -21,14 +21,6 @@ class LiteralOperand:
     dtype: DType
 
 
-def tile_bytes(tile: int, dk: int, dv: int, lanes: int) -> int:
-    """Bytes of the cooperative form's staging: K and V rows (padded by one vec4 so rows
-    fall in different banks) for ``tile`` keys, and one partial dot per thread."""
-    if not tile:
-        return 0
-    return tile * ((dk // 4 + 1) + (dv // 4 + 1)) * 16 + lanes * 4
-
-
 @dataclass(frozen=True)
 class AttentionRequest:
     """The streaming attention kernel: one workgroup of ``lanes`` per (batch, head, row)."""
@@ -46,12 +38,7 @@ class AttentionRequest:
     lanes: int
     vec: int  # 4: q/k/v/out read as vec4 (dk and dv multiples of 4), else 1
     grid: tuple[int, int]
-    tile: int = 0  # 0: each lane loads its own keys; > 0: keys staged `tile` at a time
-
-    @property
-    def group(self) -> int:
-        """Threads that cooperate on one key of a staged tile (cooperative form)."""
-        return self.lanes // self.tile if self.tile else 1
+    keys_per_step: int = 2  # keys a lane takes per loop step (its loads all in flight)
 
     family = "attention"
 
@@ -69,8 +56,8 @@ class AttentionRequest:
 
     @property
     def shared_bytes(self) -> int:
-        """Workgroup memory: the lanes' running state, plus the staged tiles when cooperative."""
-        return self.lanes * (self.dv + 2) * 4 + tile_bytes(self.tile, self.dk, self.dv, self.lanes)
+        """Workgroup memory: the lanes' running state, lanes * (dv + 2) floats."""
+        return self.lanes * (self.dv + 2) * 4
 
     def describe(self) -> str:
         m = "none" if self.mask is None else "x".join(map(str, self.mask))
@@ -78,7 +65,7 @@ class AttentionRequest:
         return (
             f"attention B={self.b} Hq={self.hq} Hkv={self.hkv} Lq={self.lq} Lk={self.lk} "
             f"Dk={self.dk} Dv={self.dv} scale={self.scale:.6g}{cap} mask={m} "
-            f"lanes={self.lanes} vec={self.vec} tile={self.tile} "
+            f"lanes={self.lanes} vec={self.vec} keys/step={self.keys_per_step} "
             f"grid={self.grid[0]}x{self.grid[1]}"
         )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..errors import AttentionLds, DtypeLowering
 from ..ir import F32, Eqn
 from .profile import DeviceProfile
-from .requests import AttentionRequest, fold_grid, tile_bytes
+from .requests import AttentionRequest, fold_grid
 
 MAX_LANES = 64
 
@@ -21,30 +21,8 @@ def choose_lanes(dv: int, profile: DeviceProfile) -> int:
     raise AttentionLds(dv, per_lane, profile.max_workgroup_memory)
 
 
-def choose_tile(lanes: int, dk: int, dv: int, profile: DeviceProfile) -> int:
-    """Keys staged per tile in the cooperative form: the widest power of two <= lanes whose
-    K/V rows fit beside the lanes' state; 0 (each lane loads its own keys) when the widths
-    are not vec4-aligned or not even one key fits."""
-    if dk % 4 or dv % 4:
-        return 0
-    state = lanes * (dv + 2) * 4
-    tile = lanes
-    while tile >= 1:
-        if state + tile_bytes(tile, dk, dv, lanes) <= profile.max_workgroup_memory:
-            return tile
-        tile //= 2
-    return 0
-
-
-def attention_request(
-    e: Eqn, profile: DeviceProfile, cooperative: bool | None = None
-) -> AttentionRequest:
-    """The request for one Attention eqn.
-
-    ``cooperative`` None picks by device: the cooperative form (keys staged through
-    workgroup memory with coalesced loads, every thread working on every key) on GPUs;
-    the per-lane form on CPU drivers, where a barrier costs more than a strided load.
-    """
+def attention_request(e: Eqn, profile: DeviceProfile) -> AttentionRequest:
+    """The request for one Attention eqn: the streaming schedule for ``profile``."""
     q, k, v, *rest = e.inputs
     if q.dtype is not F32:
         raise DtypeLowering("Attention", q.dtype.value)
@@ -54,13 +32,14 @@ def attention_request(
     mask = tuple(rest[0].shape[:3]) if rest else None
     vec = 4 if dk % 4 == 0 and dv % 4 == 0 else 1
     softcap = e.params["softcap"]
-    if cooperative is None:
-        cooperative = profile.device_type != "cpu"
-    tile = choose_tile(lanes, dk, dv, profile) if cooperative else 0
+    # Keys a lane takes per loop step. Measured (BENCHMARKS.md): on the H200 four keys in
+    # flight per lane beat one by up to 1.3x on large batches; on lavapipe two is best (four
+    # spills the 8-wide SIMD registers).
+    kps = 2 if profile.device_type == "cpu" else 4
     return AttentionRequest(
         b=b, hq=hq, hkv=hkv, lq=lq, lk=lk, dk=dk, dv=dv,
         scale=float(e.params["scale"]),
         softcap=None if softcap is None else float(softcap),
         mask=mask, lanes=lanes, vec=vec,
-        grid=fold_grid(b * hq * lq, profile.max_grid), tile=tile,
+        grid=fold_grid(b * hq * lq, profile.max_grid), keys_per_step=kps,
     )

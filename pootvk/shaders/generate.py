@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from ..plan import AttentionRequest, KernelRequest, Plan, PrimRequest
-from .attention import generate_attention, generate_attention_coop
+from .attention import generate_attention
 from .compiler import compile_glsl
 from .prims import generate_prim
 
 
 def generate(req: KernelRequest) -> str:
     if isinstance(req, AttentionRequest):
-        return generate_attention_coop(req) if req.tile else generate_attention(req)
+        return generate_attention(req)
     if isinstance(req, PrimRequest):
         return generate_prim(req)
     raise TypeError(f"no generator for {type(req).__name__}")

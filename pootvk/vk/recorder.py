@@ -107,21 +107,44 @@ class Recorder:
     def __init__(self, device: Device) -> None:
         self.device = device
 
-    def record(self, dispatches: list[Dispatch], *, timestamps: bool = False) -> Recording:
-        """Validate every dispatch, then record them into one command buffer."""
+    def record(
+        self,
+        dispatches: list[Dispatch],
+        *,
+        timestamps: bool = False,
+        uploads: list[tuple[Buffer, Buffer, int]] = (),  # type: ignore[assignment]
+    ) -> Recording:
+        """Validate every dispatch, then record them into one command buffer.
+
+        ``uploads`` are (host staging, device buffer, bytes) copies recorded before the first
+        dispatch: per-step inputs land in device memory each replay, so kernels never read
+        host memory across the bus. They run before the first timestamp, so per-dispatch
+        times measure kernels alone.
+        """
         self.device._require_open()
         for i, d in enumerate(dispatches):
             validate_dispatch(self.device, d, i)
-        return Recording(self.device, list(dispatches), timestamps)
+        for src, dst, n in uploads:
+            for buf in (src, dst):
+                if buf.device is not self.device or buf.destroyed or n > buf.size or n <= 0:
+                    raise InvalidBinding("upload", -1, f"cannot copy {n} bytes via {buf.name!r}")
+        return Recording(self.device, list(dispatches), timestamps, list(uploads))
 
 
 class Recording:
     """Owns a descriptor pool (one set per dispatch), a command pool + primary command
     buffer, a fence and, with timestamps, a query pool. Replay with :meth:`submit`."""
 
-    def __init__(self, device: Device, dispatches: list[Dispatch], timestamps: bool) -> None:
+    def __init__(
+        self,
+        device: Device,
+        dispatches: list[Dispatch],
+        timestamps: bool,
+        uploads: list[tuple[Buffer, Buffer, int]] | None = None,
+    ) -> None:
         self.device = device
         self.dispatches = dispatches
+        self.uploads = uploads or []
         self.timestamps = timestamps and device.timestamp_valid_bits > 0
         self.descriptor_pool: Any = None
         self.command_pool: Any = None
@@ -210,6 +233,15 @@ class Recording:
         cb = self.command_buffer
         call(vk.vkBeginCommandBuffer, cb, vk.VkCommandBufferBeginInfo())
         compute = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
+        if self.uploads:
+            # The previous replay's kernels may still read these buffers' old contents.
+            self._barrier(compute, vk.VK_PIPELINE_STAGE_TRANSFER_BIT,
+                          vk.VK_ACCESS_SHADER_READ_BIT, vk.VK_ACCESS_TRANSFER_WRITE_BIT)
+            for src, dst, n in self.uploads:
+                regions = [vk.VkBufferCopy(srcOffset=0, dstOffset=0, size=n)]
+                vk.vkCmdCopyBuffer(cb, src.handle, dst.handle, 1, regions)
+            self._barrier(vk.VK_PIPELINE_STAGE_TRANSFER_BIT, compute,
+                          vk.VK_ACCESS_TRANSFER_WRITE_BIT, vk.VK_ACCESS_SHADER_READ_BIT)
         if self.timestamps:
             vk.vkCmdResetQueryPool(cb, self.query_pool, 0, self._n_queries)
             vk.vkCmdWriteTimestamp(cb, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, self.query_pool, 0)

@@ -33,15 +33,26 @@ class Replay:
         self, device: Device, plan: Plan, spirv: list[bytes], *, timestamps: bool = False
     ) -> None:
         self.device, self.plan = device, plan
-        self.buffers: dict[str, Buffer] = {}
+        self.buffers: dict[str, Buffer] = {}  # what kernels bind
+        self.staging: dict[str, Buffer] = {}  # host-side copies of per-step inputs
         self.recording: Recording | None = None
         self.recordings = 0
         try:
+            uploads = []
             for spec in plan.buffers.values():
-                host = spec.role in ("input", "export")
-                self.buffers[spec.name] = device.create_buffer(
-                    max(spec.nbytes, 4), host_visible=host, name=spec.name
-                )
+                n = max(spec.nbytes, 4)
+                # Exports are read back by the host: host memory, written once per step.
+                # Everything kernels read lives in device memory; a per-step input whose
+                # device memory is not mappable (a discrete GPU without ReBAR) is written to
+                # a host staging buffer and copied by the recording itself.
+                buf = device.create_buffer(n, host_visible=spec.role == "export",
+                                           name=spec.name)
+                self.buffers[spec.name] = buf
+                if spec.role == "input" and not buf.mapped:
+                    self.staging[spec.name] = device.create_buffer(
+                        n, host_visible=True, name=f"{spec.name}:staging"
+                    )
+                    uploads.append((self.staging[spec.name], buf, n))
             for spec in plan.buffers.values():
                 if spec.role == "state":
                     self.buffers[spec.name].zero()
@@ -53,7 +64,9 @@ class Replay:
                     for loc in k.operands
                 )
                 dispatches.append(Dispatch(pipe, binds, (*k.request.grid, 1), k.label))
-            self.recording = Recorder(device).record(dispatches, timestamps=timestamps)
+            self.recording = Recorder(device).record(
+                dispatches, timestamps=timestamps, uploads=uploads
+            )
             self.recordings += 1
         except BaseException:
             self.close()
@@ -63,7 +76,9 @@ class Replay:
 
     # --- binding -------------------------------------------------------------------------------
     def _slot_buffer(self, name: str) -> Buffer:
-        return self.buffers[self.plan.locations[self.plan.graph.slot(name).var].buffer]
+        """Where the host writes a slot's value (its staging buffer when it has one)."""
+        key = self.plan.locations[self.plan.graph.slot(name).var].buffer
+        return self.staging.get(key) or self.buffers[key]
 
     def set_params(self, values: Mapping[str, object]) -> None:
         """Write weights (PARAM slots); checked in full before the first byte is written."""
@@ -116,9 +131,10 @@ class Replay:
         if self.recording is not None:
             self.recording.destroy()
             self.recording = None
-        for b in self.buffers.values():
+        for b in (*self.buffers.values(), *self.staging.values()):
             b.destroy()
         self.buffers.clear()
+        self.staging.clear()
 
     def __enter__(self) -> Replay:
         return self
