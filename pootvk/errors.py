@@ -134,6 +134,15 @@ class DeviceNotFound(VulkanError):
         super().__init__(f"no Vulkan device matches {selector!r}; available: {available}")
 
 
+class InvalidBinding(PootvkError, ValueError):
+    """A dispatch binds a range the device or the buffer cannot honour (misaligned offset,
+    range past the buffer's end, empty range, wrong binding count, foreign object)."""
+
+    def __init__(self, label: str, binding: int, why: str) -> None:
+        self.label, self.binding, self.why = label, binding, why
+        super().__init__(f"dispatch {label!r} binding {binding}: {why}")
+
+
 class ValidationMessage(VulkanError):
     """The Khronos validation layer reported a message while validation was on."""
 

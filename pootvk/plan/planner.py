@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from ..arena import ArenaLayout, Item, colour
 from ..errors import BindingRange, DtypeLowering, UnsupportedPrimitive
-from ..ir import BF16, F16, Graph, Literal, SlotKind, Var
+from ..ir import BF16, F16, Graph, Literal, Params, SlotKind, Var
 from .profile import DeviceProfile
 from .requests import KernelRequest, LiteralOperand, PrimRequest, fold_grid
 from .schedule import attention_request
@@ -144,27 +144,19 @@ def _locate(
     return locs, bufs, layout
 
 
-def _prim_request(prim: str, e, threads: int, profile: DeviceProfile) -> PrimRequest:
+def _prim_request(
+    prim: str, inputs: tuple[Var, ...], out: Var, params: Params, threads: int,
+    profile: DeviceProfile,
+) -> PrimRequest:
     ins = tuple(
         LiteralOperand(v.value, v.dtype) if isinstance(v, Literal) else (v.shape, v.dtype)
-        for v in e.inputs
+        for v in inputs
     )
-    out = e.outputs[0]
     groups = -(-max(threads, 1) // PRIM_WORKGROUP)
     return PrimRequest(
-        prim=prim, params=e.params, inputs=ins, output=(out.shape, out.dtype),
+        prim=prim, params=params, inputs=ins, output=(out.shape, out.dtype),
         threads=threads, local_size=PRIM_WORKGROUP, grid=fold_grid(groups, profile.max_grid),
     )
-
-
-class _CopyEqn:
-    """A stand-in eqn for the copy that precedes an out-of-place DynamicUpdateSlice."""
-
-    def __init__(self, src: Var, dst: Var) -> None:
-        self.inputs, self.outputs, self.prim = (src,), (dst,), "Copy"
-        from ..ir import Params
-
-        self.params = Params()
 
 
 def plan_graph(g: Graph, profile: DeviceProfile) -> Plan:
@@ -200,17 +192,14 @@ def plan_graph(g: Graph, profile: DeviceProfile) -> Plan:
             continue
         if e.prim == "DynamicUpdateSlice":
             operand, update, *starts = e.inputs
-            if locs.get(operand) != locs[e.out]:
-                cp = _CopyEqn(operand, e.out)
-                kernels.append(Kernel(
-                    _prim_request("Copy", cp, operand.size, profile),
-                    (locs[operand], locs[e.out]), i, "copy",
-                ))
-            req = _prim_request("DynamicUpdateSlice", e, update.size, profile)
+            if locs.get(operand) != locs[e.out]:  # not in place: copy the operand first
+                cp = _prim_request("Copy", (operand,), e.out, Params(), operand.size, profile)
+                kernels.append(Kernel(cp, (locs[operand], locs[e.out]), i, "copy"))
+            req = _prim_request(e.prim, e.inputs, e.out, e.params, update.size, profile)
             ops = tuple(locs[v] for v in (update, *starts) if not isinstance(v, Literal))
             kernels.append(Kernel(req, ops + (locs[e.out],), i, e.prim))
             continue
-        req = _prim_request(e.prim, e, e.out.size, profile)
+        req = _prim_request(e.prim, e.inputs, e.out, e.params, e.out.size, profile)
         ops = tuple(locs[v] for v in e.inputs if not isinstance(v, Literal))
         kernels.append(Kernel(req, ops + (locs[e.out],), i, e.prim))
 

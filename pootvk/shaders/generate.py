@@ -1,6 +1,13 @@
-"""One entry point from a kernel request to GLSL, and from a plan to SPIR-V modules."""
+"""One entry point from a kernel request to GLSL, and from a plan to SPIR-V modules.
+
+The request is the cache key: equal requests (hashable, they name everything the source
+depends on) share one SPIR-V module per process, and the device shares one pipeline per
+module, so a second plan with the same shapes compiles nothing.
+"""
 
 from __future__ import annotations
+
+from functools import lru_cache
 
 from ..plan import AttentionRequest, KernelRequest, Plan, PrimRequest
 from .attention import generate_attention
@@ -16,12 +23,12 @@ def generate(req: KernelRequest) -> str:
     raise TypeError(f"no generator for {type(req).__name__}")
 
 
+@lru_cache(maxsize=1024)
+def spirv_for(req: KernelRequest) -> bytes:
+    """SPIR-V for one request (memoised by the request; on disk by the source's hash)."""
+    return compile_glsl(generate(req))
+
+
 def compile_plan(plan: Plan) -> list[bytes]:
-    """SPIR-V for every kernel of ``plan``, in order (equal requests compile once)."""
-    cache: dict[KernelRequest, bytes] = {}
-    out = []
-    for k in plan.kernels:
-        if k.request not in cache:
-            cache[k.request] = compile_glsl(generate(k.request))
-        out.append(cache[k.request])
-    return out
+    """SPIR-V for every kernel of ``plan``, in order."""
+    return [spirv_for(k.request) for k in plan.kernels]

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import vulkan as vk
 
-from pootvk.errors import BindingRange, GridLimit, PootvkError, VulkanError
+from pootvk.errors import BindingRange, GridLimit, InvalidBinding, VulkanError
 
 from .instance import call
 from .memory import Buffer
@@ -30,15 +30,6 @@ FENCE_TIMEOUT_NS = 600 * 1_000_000_000
 def _check(result: int, what: str) -> None:
     if result != vk.VK_SUCCESS:
         raise VulkanError(f"{what} returned VkResult {result}")
-
-
-class InvalidBinding(PootvkError, ValueError):
-    """A dispatch binds a range the device or the buffer cannot honour (misaligned offset,
-    range past the buffer's end, empty range, wrong binding count, foreign object)."""
-
-    def __init__(self, label: str, binding: int, why: str) -> None:
-        self.label, self.binding, self.why = label, binding, why
-        super().__init__(f"dispatch {label!r} binding {binding}: {why}")
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,9 @@ from collections.abc import Mapping
 import numpy as np
 
 from ..errors import BindError, ValidationMessage
-from ..ir import BOOL, SlotKind
+from ..ir import BOOL, DType, SlotKind
 from ..ir.bind import check_bind
-from ..plan import Plan
+from ..plan import Location, Plan
 from .device import Device
 from .memory import Buffer
 from .recorder import BufferRange, Dispatch, Recorder, Recording
@@ -100,7 +100,7 @@ class Replay:
         s = self.plan.graph.slot(name)
         return self._read(self.plan.locations[s.var], s.var.shape, s.var.dtype)
 
-    def _read(self, loc, shape, dtype) -> np.ndarray:
+    def _read(self, loc: Location, shape: tuple[int, ...], dtype: DType) -> np.ndarray:
         dev_dt = np.uint32 if dtype is BOOL else dtype.numpy
         arr = self.buffers[loc.buffer].read_array(loc.offset, shape, dev_dt)
         return arr.astype(np.bool_) if dtype is BOOL else arr

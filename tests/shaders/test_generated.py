@@ -66,3 +66,15 @@ def test_every_generated_module_passes_spirv_val(tmp_path):
         r = subprocess.run([exe, "--target-env", "vulkan1.1", str(path)], capture_output=True,
                            text=True)
         assert r.returncode == 0, r.stdout + r.stderr + src
+
+
+def test_the_request_is_the_compile_cache_key():
+    from pootvk.shaders import compiler
+    from pootvk.shaders.generate import compile_plan
+
+    g = compile_graph(trace_decode_step(1, 4, 2, 16, 24))
+    a = compile_plan(plan_graph(g, recorded_profile("lavapipe")))
+    calls = compiler.glslang_calls
+    b = compile_plan(plan_graph(compile_graph(trace_decode_step(1, 4, 2, 16, 24)),
+                                recorded_profile("lavapipe")))
+    assert a == b and compiler.glslang_calls == calls

@@ -140,3 +140,17 @@ def test_inputs_go_through_staging_when_device_memory_is_not_mappable(device):
                 assert nse(out["out"], ref["out"]) <= 5e-4
             np.testing.assert_array_equal(rp.read_state("v_cache"), vc)
             assert rp.recordings == 1
+
+
+def test_replay_releases_every_handle_it_made(device):
+    g = compile_graph(trace_decode_step(1, 4, 2, 8, 16, alibi=True))
+    plan = plan_graph(g, device.profile)
+    spv = compile_plan(plan)
+    Replay(device, plan, spv).close()  # pipelines are cached on the device from here on
+    base = device.live_objects()
+    for _ in range(3):
+        with Replay(device, plan, spv) as rp:
+            assert device.live_objects() > base
+            ins = random_inputs(g, np.random.default_rng(0), pos=1)
+            rp.step({k: v for k, v in ins.items() if g.slot(k).kind.per_step})
+    assert device.live_objects() == base
