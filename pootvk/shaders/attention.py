@@ -44,14 +44,6 @@ def score_lines(r: AttentionRequest, var: str, idx: str) -> list[str]:
     return lines
 
 
-def acc_index(r: AttentionRequest, c: str, lane: str) -> str:
-    """Index of channel ``c`` of ``lane``'s accumulator, laid out so the threads that touch
-    it together hit consecutive words: [channel][lane] when each lane updates its own
-    channels (per-lane form), [lane][channel] when a subgroup updates one owner's channels
-    together (subgroup form; a [channel][lane] layout there is a 32-way bank conflict)."""
-    return f"({lane}) * DV + ({c})" if r.subgroup else f"({c}) * LANES + ({lane})"
-
-
 def subgroup_loop(r: AttentionRequest) -> str:
     """The coalesced key loop: subgroup ``sg`` takes keys t0 .. t0+S-1 of each block of
     ``lanes`` keys, so key t still belongs to lane t % lanes (lane = sg * S + sl).
@@ -120,7 +112,7 @@ def subgroup_loop(r: AttentionRequest) -> str:
             out.append(f"        if (w{i} != 0.0) {{")
             for cv in range(ncv):
                 cidx = f"{cv * S}u + sl"
-                a = acc_index(r, f"{cidx}", f"gl_SubgroupID * {S}u + {i}u")
+                a = f"({cidx}) * LANES + gl_SubgroupID * {S}u + {i}u"
                 stmt = f"s_acc[{a}] = s_acc[{a}] * f{i} + w{i} * v{i}_{cv};"
                 if dv % S and cv == ncv - 1:
                     stmt = f"if ({cidx} < DV) {stmt}"
@@ -184,8 +176,7 @@ def generate_attention(r: AttentionRequest) -> str:
     body.append("        l = l * rescale" + "".join(f" + p{j}" for j in keys) + ";")
     upd = "".join(f" + p{j} * v[vb{j} + c]" for j in keys)
     body.append("        [[unroll]] for (uint c = 0u; c < DV; ++c) {")
-    a = acc_index(r, "c", "lane")
-    body.append(f"            s_acc[{a}] = s_acc[{a}] * rescale{upd};")
+    body.append(f"            s_acc[c * LANES + lane] = s_acc[c * LANES + lane] * rescale{upd};")
     body.append("        }")
     body.append("        m = m_new;")
     loop = "\n".join(body)
@@ -218,7 +209,7 @@ def generate_attention(r: AttentionRequest) -> str:
 const uint LANES = {r.lanes}u;
 const uint DK = {dk}u;  // in units of {t}
 const uint DV = {dv}u;
-shared {t} s_acc[DV * LANES];  // {"[lane][channel]" if r.subgroup else "[channel][lane]"}
+shared {t} s_acc[DV * LANES];  // [channel][lane]
 shared float s_m[LANES];
 shared float s_l[LANES];
 
@@ -234,7 +225,7 @@ void main() {{
     uint kbase = (b * {r.hkv}u + g) * {r.lk}u;
     const float NEG_INF = {neg_inf};
 
-    for (uint c = 0u; c < DV; ++c) s_acc[{acc_index(r, "c", "lane")}] = {t}(0.0);
+    for (uint c = 0u; c < DV; ++c) s_acc[c * LANES + lane] = {t}(0.0);
     float m = NEG_INF;
     float l = 0.0;
 {loops}
@@ -252,7 +243,7 @@ void main() {{
         {t} acc = {t}(0.0);
         for (uint i = 0u; i < LANES; ++i) {{
             float f = (s_m[i] == NEG_INF) ? 0.0 : exp(s_m[i] - mx);
-            acc += s_acc[{acc_index(r, "c", "i")}] * f;
+            acc += s_acc[c * LANES + i] * f;
         }}
         o[ob + c] = acc / den;
     }}
