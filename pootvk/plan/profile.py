@@ -29,8 +29,6 @@ class DeviceProfile:
     max_allocation: int = 1 << 30  # maxMemoryAllocationSize, bytes
     min_storage_offset_alignment: int = 256  # minStorageBufferOffsetAlignment
     subgroup_size: int = 32
-    # VkSubgroupFeatureFlags usable in compute shaders (0 when compute has no subgroup ops)
-    subgroup_ops: int = 0
     supports_16bit: bool = False
     compute_units: int | None = None  # when an extension exposes it (NV SM count, AMD CUs)
     timestamp_period_ns: float = 1.0
@@ -52,9 +50,6 @@ class DeviceProfile:
         d["max_grid"] = tuple(d["max_grid"])
         d["max_workgroup_size"] = tuple(d["max_workgroup_size"])
         return DeviceProfile(**d)
-
-
-SUBGROUP_BASIC, SUBGROUP_BALLOT, SUBGROUP_SHUFFLE = 0x1, 0x8, 0x10
 
 
 def recorded_profiles() -> dict[str, DeviceProfile]:

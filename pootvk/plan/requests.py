@@ -39,7 +39,6 @@ class AttentionRequest:
     vec: int  # 4: q/k/v/out read as vec4 (dk and dv multiples of 4), else 1
     grid: tuple[int, int]
     keys_per_step: int = 2  # keys a lane takes per loop step (its loads all in flight)
-    subgroup: int = 0  # > 0: subgroups of this size load rows together (coalesced)
 
     family = "attention"
 
@@ -67,7 +66,6 @@ class AttentionRequest:
             f"attention B={self.b} Hq={self.hq} Hkv={self.hkv} Lq={self.lq} Lk={self.lk} "
             f"Dk={self.dk} Dv={self.dv} scale={self.scale:.6g}{cap} mask={m} "
             f"lanes={self.lanes} vec={self.vec} keys/step={self.keys_per_step} "
-            f"subgroup={self.subgroup} "
             f"grid={self.grid[0]}x{self.grid[1]}"
         )
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..errors import AttentionLds, DtypeLowering
 from ..ir import F32, Eqn
-from .profile import SUBGROUP_BALLOT, SUBGROUP_BASIC, SUBGROUP_SHUFFLE, DeviceProfile
+from .profile import DeviceProfile
 from .requests import AttentionRequest, fold_grid
 
 MAX_LANES = 64
@@ -19,23 +19,6 @@ def choose_lanes(dv: int, profile: DeviceProfile) -> int:
             return lanes
         lanes //= 2
     raise AttentionLds(dv, per_lane, profile.max_workgroup_memory)
-
-
-SUBGROUP_NEEDS = SUBGROUP_BASIC | SUBGROUP_BALLOT | SUBGROUP_SHUFFLE
-
-
-def choose_subgroup(lanes: int, vec: int, profile: DeviceProfile) -> int:
-    """The subgroup size the coalesced form is generated for, or 0 for the per-lane form.
-
-    The kernel checks ``gl_SubgroupSize`` at run time and takes the per-lane loop when the
-    driver picked another size, so a wrong guess costs speed, never correctness.
-    """
-    s = profile.subgroup_size
-    if vec != 4 or profile.subgroup_ops & SUBGROUP_NEEDS != SUBGROUP_NEEDS:
-        return 0
-    if s not in (8, 16, 32, 64) or lanes % s:
-        return 0
-    return s
 
 
 def attention_request(e: Eqn, profile: DeviceProfile) -> AttentionRequest:
@@ -59,5 +42,4 @@ def attention_request(e: Eqn, profile: DeviceProfile) -> AttentionRequest:
         softcap=None if softcap is None else float(softcap),
         mask=mask, lanes=lanes, vec=vec,
         grid=fold_grid(b * hq * lq, profile.max_grid), keys_per_step=kps,
-        subgroup=choose_subgroup(lanes, vec, profile),
     )

@@ -23,103 +23,6 @@ from ..plan.requests import AttentionRequest
 from .common import buffer_block, float_lit, group_id, header
 
 UNROLL = "#extension GL_EXT_control_flow_attributes : require\n"
-SUBGROUP_EXT = "".join(
-    f"#extension GL_KHR_shader_subgroup_{x} : require\n" for x in ("basic", "ballot", "shuffle")
-)
-
-
-def score_lines(r: AttentionRequest, var: str, idx: str) -> list[str]:
-    """scale, then softcap, then the additive mask, for the score ``var`` of key ``idx``."""
-    lines = [f"{var} *= {float_lit(r.scale)};"]
-    if r.softcap is not None:
-        cap = float_lit(r.softcap)
-        lines.append(f"{var} = {cap} * tanh(clamp({var} / {cap}, -15.0, 15.0));")
-    if r.mask is not None:
-        mb, mh, mq = r.mask
-        mrow = (
-            f"(({'b' if mb > 1 else '0u'} * {mh}u + {'h' if mh > 1 else '0u'}) * {mq}u"
-            f" + {'row' if mq > 1 else '0u'}) * {r.lk}u"
-        )
-        lines.append(f"{var} += mask[{mrow} + {idx}];")
-    return lines
-
-
-def subgroup_loop(r: AttentionRequest) -> str:
-    """The coalesced key loop: subgroup ``sg`` takes keys t0 .. t0+S-1 of each block of
-    ``lanes`` keys, so key t still belongs to lane t % lanes (lane = sg * S + sl).
-
-    Each K row is read by the whole subgroup at once (lane sl reads vec4 chunks sl, sl+S,
-    ...), giving S partial dots per lane; a butterfly of S-1 shuffles leaves in lane sl the
-    full dot of row sl. The owning lane runs the online softmax on its score; then every
-    lane of the subgroup updates its chunks of each owner's accumulator (in workgroup
-    memory) with the owner's rescale and weight, reading V rows coalesced too. The
-    arithmetic per key and per lane state is the per-lane form's; only the dot's
-    summation order differs.
-    """
-    S, dk, dv = r.subgroup, r.dk // 4, r.dv // 4
-    ncg, ncv = -(-dk // S), -(-dv // S)
-    out = [f"    for (uint t0 = gl_SubgroupID * {S}u; t0 < {r.lk}u; t0 += LANES) {{"]
-    for i in range(S):
-        out.append(f"        float p{i} = 0.0;")
-        out.append(f"        uint r{i} = kbase + min(t0 + {i}u, {r.lk - 1}u);")
-    for cg in range(ncg):
-        c = f"{cg * S}u + sl"
-        guard = dk % S != 0 and cg == ncg - 1
-        out.append(f"        uint c{cg} = {c};")
-        if guard:  # lanes past the row's end read a clamped chunk and add nothing
-            out.append(f"        bool in{cg} = c{cg} < DK;")
-            out.append(f"        uint cc{cg} = min(c{cg}, DK - 1u);")
-            out.append(f"        vec4 q{cg} = q[qb + cc{cg}];")
-            for i in range(S):
-                out.append(
-                    f"        p{i} += in{cg} ? dot(q{cg}, k[r{i} * DK + cc{cg}]) : 0.0;"
-                )
-        else:
-            out.append(f"        vec4 q{cg} = q[qb + c{cg}];")
-            for i in range(S):
-                out.append(f"        p{i} += dot(q{cg}, k[r{i} * DK + c{cg}]);")
-    o = S // 2
-    while o >= 1:
-        out.append(f"        bool up{o} = (sl & {o}u) != 0u;")
-        for kk in range(o):
-            out.append(
-                f"        p{kk} = (up{o} ? p{kk + o} : p{kk}) + "
-                f"subgroupShuffleXor(up{o} ? p{kk} : p{kk + o}, {o}u);"
-            )
-        o //= 2
-    out.append("        uint t = t0 + sl;")
-    out.append(f"        uint tc = min(t, {r.lk - 1}u);")
-    out.append("        float s = p0;  // the dot of key t, summed over the subgroup")
-    out += ["        " + x for x in score_lines(r, "s", "tc")]
-    out.append(f"        if (t >= {r.lk}u) s = NEG_INF;")
-    out.append("        bool live = s != NEG_INF;  // -inf scores add zero weight")
-    out.append("        float m_new = live ? max(m, s) : m;")
-    out.append("        float rescale = (!live) ? 1.0 : (m == NEG_INF) ? 0.0 : exp(m - m_new);")
-    out.append("        float w = live ? exp(s - m_new) : 0.0;")
-    out.append("        if (live) { l = l * rescale + w; m = m_new; }")
-    # w == 0 exactly when nothing changes: a new maximum has weight exp(0) = 1
-    for i0 in range(0, S, 8):
-        rows = range(i0, min(S, i0 + 8))
-        for i in rows:
-            out.append(f"        float w{i} = subgroupBroadcast(w, {i}u);")
-            out.append(f"        float f{i} = subgroupBroadcast(rescale, {i}u);")
-            for cv in range(ncv):
-                cidx = f"{cv * S}u + sl"
-                if dv % S and cv == ncv - 1:  # clamped read; the update below is skipped
-                    cidx = f"min({cidx}, DV - 1u)"
-                out.append(f"        vec4 v{i}_{cv} = v[r{i} * DV + {cidx}];")
-        for i in rows:
-            out.append(f"        if (w{i} != 0.0) {{")
-            for cv in range(ncv):
-                cidx = f"{cv * S}u + sl"
-                a = f"({cidx}) * LANES + gl_SubgroupID * {S}u + {i}u"
-                stmt = f"s_acc[{a}] = s_acc[{a}] * f{i} + w{i} * v{i}_{cv};"
-                if dv % S and cv == ncv - 1:
-                    stmt = f"if ({cidx} < DV) {stmt}"
-                out.append(f"            {stmt}")
-            out.append("        }")
-    out.append("    }")
-    return "\n".join(out)
 
 
 def generate_attention(r: AttentionRequest) -> str:
@@ -140,7 +43,17 @@ def generate_attention(r: AttentionRequest) -> str:
     keys = range(kps)
 
     def score(j: int) -> str:
-        lines = score_lines(r, f"s{j}", f"t{j}")
+        lines = [f"s{j} *= {float_lit(r.scale)};"]
+        if r.softcap is not None:
+            cap = float_lit(r.softcap)
+            lines.append(f"s{j} = {cap} * tanh(clamp(s{j} / {cap}, -15.0, 15.0));")
+        if r.mask is not None:
+            mb, mh, mq = r.mask
+            mrow = (
+                f"(({'b' if mb > 1 else '0u'} * {mh}u + {'h' if mh > 1 else '0u'}) * {mq}u"
+                f" + {'row' if mq > 1 else '0u'}) * {r.lk}u"
+            )
+            lines.append(f"s{j} += mask[{mrow} + t{j}];")
         if j:  # a key past the end adds zero weight (its reads were clamped to a valid row)
             lines.append(f"if (!ok{j}) s{j} = NEG_INF;")
         return "\n".join("        " + x for x in lines)
@@ -180,30 +93,10 @@ def generate_attention(r: AttentionRequest) -> str:
     body.append("        }")
     body.append("        m = m_new;")
     loop = "\n".join(body)
-    plain = (
-        f"    for (uint t = lane; t < {r.lk}u; t += {kps}u * LANES) {{\n{loop}\n    }}"
-    )
-    if r.subgroup:
-        S = r.subgroup
-        lane_code = (
-            f"    bool sgp = gl_SubgroupSize == {S}u && gl_NumSubgroups == LANES / {S}u;\n"
-            f"    uint sl = gl_SubgroupInvocationID;\n"
-            f"    uint lane = sgp ? gl_SubgroupID * {S}u + sl : gl_LocalInvocationID.x;"
-        )
-        indented = "\n".join("    " + x for x in plain.splitlines())
-        loops = (
-            "    barrier();  // accumulators are initialised by their lane, updated by others\n"
-            f"    if (sgp) {{\n{subgroup_loop(r)}\n    }} else {{\n{indented}\n    }}"
-        )
-        exts = SUBGROUP_EXT
-    else:
-        lane_code = "    uint lane = gl_LocalInvocationID.x;"
-        loops, exts = plain, ""
 
     return (
         header(r.lanes)
         + UNROLL
-        + exts
         + "".join(binds)
         + f"""
 const uint LANES = {r.lanes}u;
@@ -220,7 +113,7 @@ void main() {{
     uint h = (wg / {r.lq}u) % {r.hq}u;
     uint b = wg / {r.lq * r.hq}u;
     uint g = h / {r.n_rep}u;
-{lane_code}
+    uint lane = gl_LocalInvocationID.x;
     uint qb = ((b * {r.hq}u + h) * {r.lq}u + row) * DK;
     uint kbase = (b * {r.hkv}u + g) * {r.lk}u;
     const float NEG_INF = {neg_inf};
@@ -228,7 +121,9 @@ void main() {{
     for (uint c = 0u; c < DV; ++c) s_acc[c * LANES + lane] = {t}(0.0);
     float m = NEG_INF;
     float l = 0.0;
-{loops}
+    for (uint t = lane; t < {r.lk}u; t += {kps}u * LANES) {{
+{loop}
+    }}
     s_m[lane] = m;
     s_l[lane] = l;
     barrier();

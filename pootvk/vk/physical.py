@@ -166,10 +166,6 @@ def query_profile(handle: Any, exts: frozenset[str]) -> DeviceProfile:
         max_allocation=int(m3.maxMemoryAllocationSize),
         min_storage_offset_alignment=int(lim.minStorageBufferOffsetAlignment),
         subgroup_size=int(sub.subgroupSize),
-        subgroup_ops=(
-            int(sub.supportedOperations)
-            if int(sub.supportedStages) & vk.VK_SHADER_STAGE_COMPUTE_BIT else 0
-        ),
         supports_16bit=storage16 and float16,
         compute_units=compute_units,
         timestamp_period_ns=float(lim.timestampPeriod),

@@ -154,38 +154,3 @@ def test_replay_releases_every_handle_it_made(device):
             ins = random_inputs(g, np.random.default_rng(0), pos=1)
             rp.step({k: v for k, v in ins.items() if g.slot(k).kind.per_step})
     assert device.live_objects() == base
-
-
-@pytest.mark.parametrize("taken", ["subgroup", "per-lane"])
-def test_each_loop_of_the_attention_kernel_is_exercised(device, taken):
-    """The kernel holds the coalesced subgroup loop and the per-lane loop, picked at run
-    time by gl_SubgroupSize. Poison the loop that must *not* run: the answer stays right
-    only if the other one ran."""
-    from pootvk.shaders.attention import generate_attention
-    from pootvk.shaders.compiler import compile_glsl
-
-    g = compile_graph(trace_attention((2, 8, 3, 40), (2, 2, 77, 40), (2, 2, 77, 24),
-                                      (2, 8, 3, 77), softcap=5.0))
-    plan = plan_graph(g, device.profile)
-    req = plan.kernels[-1].request
-    if not req.subgroup:  # then the device must lack what the subgroup loop needs
-        from pootvk.plan.schedule import SUBGROUP_NEEDS
-
-        assert device.profile.subgroup_ops & SUBGROUP_NEEDS != SUBGROUP_NEEDS
-        return
-    src = generate_attention(req)
-    poison = "m = uintBitsToFloat(0x7fc00000u);"  # NaN: any later use ruins the answer
-    cond = f"gl_SubgroupSize == {req.subgroup}u"
-    if taken == "subgroup":
-        src = src.replace("} else {\n", "} else {\n" + poison + "\n", 1)
-    else:
-        src = src.replace(cond, "false", 1).replace("if (sgp) {\n", "if (sgp) {\n" + poison, 1)
-    assert poison in src
-    spv = compile_plan(plan)
-    spv[-1] = compile_glsl(src)
-    ins = random_inputs(g, np.random.default_rng(9))
-    ins["mask"][..., ::4] = -np.inf
-    ref = evaluate(g, ins)["out"]
-    with Replay(device, plan, spv) as rp:
-        out = rp.step(ins)["out"]
-    assert nse(out, ref) <= 5e-4
