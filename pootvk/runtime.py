@@ -6,15 +6,18 @@ their pipelines, buffers and recording instead of rebuilding them.
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 
 from .compile import compile_graph
+from .config import config
 from .ir import Graph
 from .plan import Plan, plan_graph
 from .shaders.generate import compile_plan
 from .vk import Device, default_device
 from .vk.replay import Replay
 
+log = logging.getLogger("pootvk")
 _devices: dict[object, Device] = {}
 _replays: OrderedDict[tuple, Replay] = OrderedDict()
 MAX_CACHED_REPLAYS = 16
@@ -32,7 +35,17 @@ def resolve_device(device: Device | int | str | None) -> Device:
 
 
 def build_plan(g: Graph, device: Device) -> Plan:
-    return plan_graph(compile_graph(g), device.profile)
+    """Compile and plan ``g``; POOTVK_DEBUG=1 logs the plan, 2 also every kernel's source."""
+    plan = plan_graph(compile_graph(g), device.profile)
+    level = config().debug
+    if level >= 1:
+        log.info("%s", plan)
+    if level >= 2:
+        from .shaders.generate import generate
+
+        for i, k in enumerate(plan.kernels):
+            log.info("kernel k%d (%s):\n%s", i, k.label, generate(k.request))
+    return plan
 
 
 def build_replay(g: Graph, device: Device, *, timestamps: bool = False) -> Replay:

@@ -30,3 +30,17 @@ def test_bad_bench_shape_is_refused():
 
     with pytest.raises(SystemExit):
         cli.main(["bench", "--shape", "1,2,3"])
+
+
+def test_debug_setting_logs_plan_and_sources(caplog, device, monkeypatch):
+    import logging
+
+    from pootvk import runtime
+    from pootvk.config import Config
+    from pootvk.ops import trace_decode_step
+
+    monkeypatch.setattr(runtime, "config", lambda: Config(debug=2))
+    with caplog.at_level(logging.INFO, logger="pootvk"):
+        runtime.build_plan(trace_decode_step(1, 2, 2, 8, 4), device)
+    text = caplog.text
+    assert "plan for" in text and "#version 450" in text and "shared float s_m" in text

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from ..errors import ShapeError
-from ..ir import F32, Var
+from ..ir import F32, Graph, Var
 from .builder import Builder
 
 NEG_INF = float("-inf")
@@ -146,7 +146,7 @@ def trace_attention(
     mask_shape: tuple[int, ...] | None = None,
     scale: float | None = None,
     softcap: float | None = None,
-):
+) -> Graph:
     """A graph of plain attention over bound q/k/v (and mask): what ``pootvk.attention`` runs."""
     b = Builder()
     q = b.input("q", q_shape, F32)
@@ -169,13 +169,22 @@ def trace_decode_step(
     softcap: float | None = None,
     alibi: bool = False,
     scale: float | None = None,
-):
+) -> Graph:
     """The graph of one fixed-capacity step (decode, or a prefill chunk of ``q_rows``).
 
     Slots: q, k_new, v_new (inputs), k_cache, v_cache (state), pos (pos, declared in
     [0, capacity - q_rows]), and with ``alibi`` a per-head additive mask param.
     """
     dv = head_dim if value_dim is None else value_dim
+    dims = {"batch": batch, "q_heads": q_heads, "kv_heads": kv_heads, "head_dim": head_dim,
+            "value_dim": dv, "q_rows": q_rows, "capacity": capacity}
+    bad = {k: v for k, v in dims.items() if not isinstance(v, int) or v < 1}
+    if bad:
+        raise ShapeError(f"decode step dimensions must be positive ints, got {bad}")
+    if q_heads % kv_heads:
+        raise ShapeError(f"q_heads={q_heads} is not a multiple of kv_heads={kv_heads}")
+    if q_rows > capacity:
+        raise ShapeError(f"{q_rows} query rows do not fit a capacity of {capacity}")
     b = Builder()
     q = b.input("q", (batch, q_heads, q_rows, head_dim))
     k_new = b.input("k_new", (batch, kv_heads, q_rows, head_dim))

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ..errors import BindError, ValidationMessage
+from ..errors import BindError, GuardFailed
 from ..ir import BOOL, DType, SlotKind
 from ..ir.bind import check_bind
 from ..plan import Location, Plan
@@ -119,7 +119,7 @@ class Replay:
         for name, v in g.validations.items():
             w = self._read(self.plan.outputs[name], v.shape, v.dtype)
             if np.any(w):
-                raise ValidationMessage(f"index guard {name!r} failed: witness {w.tolist()}")
+                raise GuardFailed(name, w.tolist())
         for name, v in g.exports.items():
             out[name] = self._read(self.plan.outputs[name], v.shape, v.dtype)
         return out

@@ -68,3 +68,12 @@ def test_bad_attention_shapes():
         kc = b.state("kc", (1, 3, 9, 8))
         attention_masked(b, b.input("q3", (1, 3, 2, 8)), b.input("kn", (1, 3, 2, 8)),
                          b.input("vn", (1, 3, 2, 8)), kc, kc, b.pos("p", 0, 7))
+
+
+def test_decode_step_dimensions_are_checked():
+    with pytest.raises(ShapeError, match="capacity"):
+        trace_decode_step(1, 4, 2, 8, 0)
+    with pytest.raises(ShapeError, match="multiple"):
+        trace_decode_step(1, 6, 4, 8, 16)
+    with pytest.raises(ShapeError, match="fit"):
+        trace_decode_step(1, 4, 2, 8, 4, q_rows=5)

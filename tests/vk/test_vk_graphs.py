@@ -154,3 +154,22 @@ def test_replay_releases_every_handle_it_made(device):
             ins = random_inputs(g, np.random.default_rng(0), pos=1)
             rp.step({k: v for k, v in ins.items() if g.slot(k).kind.per_step})
     assert device.live_objects() == base
+
+
+def test_a_failed_guard_publishes_nothing(device):
+    """Replay checks validation witnesses after the step and refuses to publish."""
+    from pootvk.errors import GuardFailed
+
+    b = Builder()
+    x = b.input("x", (4,))
+    pos = b.pos("pos", 0, 9)
+    b.export("y", b.mul(x, 2.0))
+    b.validations["pos_le_5"] = b.convert(b.compare("Gt", pos, 5), I32)
+    g = b.build()
+    plan = plan_graph(g, device.profile)
+    with Replay(device, plan, compile_plan(plan)) as rp:
+        ok = rp.step({"x": np.arange(4, dtype=np.float32), "pos": np.int32(5)})
+        np.testing.assert_array_equal(ok["y"], [0, 2, 4, 6])
+        with pytest.raises(GuardFailed) as e:
+            rp.step({"x": np.ones(4, np.float32), "pos": np.int32(6)})
+        assert e.value.guard == "pos_le_5" and e.value.witness == 1
