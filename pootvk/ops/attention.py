@@ -74,7 +74,7 @@ def attention_core(
     return b.matmul(softmax(b, scores), v_exp)
 
 
-def _write_and_attend(
+def attention_prefill(
     b: Builder,
     q: Var,
     k_new: Var,
@@ -82,10 +82,18 @@ def _write_and_attend(
     k_cache: Var,
     v_cache: Var,
     pos: Var,
-    mask: Var | None,
-    scale: float | None,
-    softcap: float | None,
+    *,
+    mask: Var | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
 ) -> tuple[Var, Var, Var]:
+    """Lq rows written at ``pos`` and attended causally over the whole cache (row i sees
+    keys <= pos + i): a prompt chunk, or with Lq == 1 a decode step.
+
+    q [B,Hq,Lq,Dk]; k_new/v_new [B,Hkv,Lq,D]; caches [B,Hkv,cap,D] (state); pos i32[].
+    ``mask`` is an optional extra additive mask [B|1, Hq|1, Lq|1, cap] (ALiBi), added to
+    the causal one. Returns (out, k_cache', v_cache').
+    """
     lq, cap = q.shape[2], k_cache.shape[2]
     if k_new.shape[2] != lq or v_new.shape[2] != lq:
         raise ShapeError(f"{lq} query rows but k_new {k_new.shape}, v_new {v_new.shape}")
@@ -111,32 +119,13 @@ def attention_masked(
     scale: float | None = None,
     softcap: float | None = None,
 ) -> tuple[Var, Var, Var]:
-    """One fixed-capacity decode step: write k/v at ``pos``, attend over the whole cache.
-
-    q [B,Hq,1,Dk]; k_new/v_new [B,Hkv,1,D]; caches [B,Hkv,cap,D] (state); pos i32[].
-    ``mask`` is an optional extra additive mask [B|1, Hq|1, 1, cap] (ALiBi). Returns
-    (out, k_cache', v_cache').
-    """
+    """One fixed-capacity decode step (Lq == 1): write k/v at ``pos``, attend over the
+    cache; as :func:`attention_prefill` with one row."""
     if q.shape[2] != 1:
         raise ShapeError(f"attention_masked is a decode step (Lq == 1), got Lq={q.shape[2]}")
-    return _write_and_attend(b, q, k_new, v_new, k_cache, v_cache, pos, mask, scale, softcap)
-
-
-def attention_prefill(
-    b: Builder,
-    q: Var,
-    k_new: Var,
-    v_new: Var,
-    k_cache: Var,
-    v_cache: Var,
-    pos: Var,
-    *,
-    mask: Var | None = None,
-    scale: float | None = None,
-    softcap: float | None = None,
-) -> tuple[Var, Var, Var]:
-    """Lq prompt rows written at ``pos`` and attended causally (row i sees keys <= pos + i)."""
-    return _write_and_attend(b, q, k_new, v_new, k_cache, v_cache, pos, mask, scale, softcap)
+    return attention_prefill(
+        b, q, k_new, v_new, k_cache, v_cache, pos, mask=mask, scale=scale, softcap=softcap
+    )
 
 
 def trace_attention(

@@ -16,7 +16,7 @@ import vulkan as vk
 
 from pootvk.errors import VulkanError
 
-from .instance import call
+from .instance import call, release_handles
 
 if TYPE_CHECKING:
     from .device import Device
@@ -213,14 +213,9 @@ class Buffer:
         if self._mapped is not None:
             self._mapped = None
             vk.vkUnmapMemory(dev, self.memory)
-        if self.handle is not None:
-            vk.vkDestroyBuffer(dev, self.handle, None)
-            self.handle = None
-            self.device._track(-1)
-        if self.memory is not None:
-            vk.vkFreeMemory(dev, self.memory, None)
-            self.memory = None
-            self.device._track(-1)
+        release_handles(self, self.device, (
+            ("handle", vk.vkDestroyBuffer), ("memory", vk.vkFreeMemory),
+        ))
 
     def destroy(self) -> None:
         """Free the buffer and its memory (idempotent). The caller must not have a submit

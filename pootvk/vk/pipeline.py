@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import vulkan as vk
 
-from .instance import call
+from .instance import call, release_handles
 
 if TYPE_CHECKING:
     from .device import Device
@@ -87,18 +87,12 @@ class Pipeline:
         return f"Pipeline({self.key[0][:12]}, n_bindings={self.n_bindings})"
 
     def _release(self) -> None:
-        dev = self.device.handle
-        for attr, destroy in (
+        release_handles(self, self.device, (
             ("handle", vk.vkDestroyPipeline),
             ("layout", vk.vkDestroyPipelineLayout),
             ("set_layout", vk.vkDestroyDescriptorSetLayout),
             ("shader_module", vk.vkDestroyShaderModule),
-        ):
-            h = getattr(self, attr)
-            if h is not None:
-                destroy(dev, h, None)
-                setattr(self, attr, None)
-                self.device._track(-1)
+        ))
 
     def destroy(self) -> None:
         """Destroy the Vulkan objects (idempotent); recordings using it must be gone."""

@@ -17,7 +17,7 @@ import vulkan as vk
 
 from pootvk.errors import BindingRange, GridLimit, InvalidBinding, VulkanError
 
-from .instance import call
+from .instance import call, release_handles
 from .memory import Buffer
 from .pipeline import Pipeline
 
@@ -330,23 +330,17 @@ class Recording:
     # --- lifetime ------------------------------------------------------------------------
 
     def _release(self) -> None:
-        dev = self.device.handle
         if self._pending:
             try:
                 self.wait()
             except VulkanError:
                 pass
-        for attr, destroy in (
+        release_handles(self, self.device, (
             ("query_pool", vk.vkDestroyQueryPool),
             ("fence", vk.vkDestroyFence),
             ("command_pool", vk.vkDestroyCommandPool),  # frees the command buffer
             ("descriptor_pool", vk.vkDestroyDescriptorPool),  # frees the sets
-        ):
-            h = getattr(self, attr)
-            if h is not None:
-                destroy(dev, h, None)
-                setattr(self, attr, None)
-                self.device._track(-1)
+        ))
 
     def destroy(self) -> None:
         """Wait for any submit in flight, then destroy every owned handle (idempotent)."""
