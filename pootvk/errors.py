@@ -143,17 +143,9 @@ class InvalidBinding(PootvkError, ValueError):
         super().__init__(f"dispatch {label!r} binding {binding}: {why}")
 
 
-class ValidationMessage(VulkanError):
-    """The Khronos validation layer reported a message while validation was on."""
-
-
 class GuardFailed(PootvkError, ValueError):
     """An index guard's witness was nonzero after a step: its outputs are not published."""
 
     def __init__(self, guard: str, witness: object) -> None:
         self.guard, self.witness = guard, witness
         super().__init__(f"index guard {guard!r} failed (witness {witness}); nothing published")
-
-
-class ReplayMismatch(PootvkError, ValueError):
-    """A replay was given inputs that do not match what was recorded."""
