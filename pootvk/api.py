@@ -55,11 +55,12 @@ def attention(
                 f"mask {m.shape} does not fit [{b}|1, {hq}|1, {lq}|1, {k.shape[2]}]"
             )
         values["mask"] = m
-    g = trace_attention(
-        q.shape, k.shape, v.shape, None if mask is None else values["mask"].shape,
-        scale=scale, softcap=softcap,
+    shapes = (q.shape, k.shape, v.shape, None if mask is None else values["mask"].shape)
+    rp = cached_replay(
+        ("attention", *shapes, scale, softcap),
+        lambda: trace_attention(*shapes, scale=scale, softcap=softcap),
+        resolve_device(device),
     )
-    rp = cached_replay(g, resolve_device(device))
     return rp.step(values)["out"]
 
 

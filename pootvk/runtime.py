@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Callable, Hashable
 
 from .compile import compile_graph
 from .config import config
@@ -54,15 +55,20 @@ def build_replay(g: Graph, device: Device, *, timestamps: bool = False) -> Repla
     return Replay(device, plan, compile_plan(plan), timestamps=timestamps)
 
 
-def cached_replay(g: Graph, device: Device) -> Replay:
-    plan = build_plan(g, device)
-    key = (id(device), plan.key)
-    rp = _replays.get(key)
+def cached_replay(key: Hashable, trace: Callable[[], Graph], device: Device) -> Replay:
+    """The Replay for ``key`` on ``device``, built from ``trace()`` only on a miss.
+
+    ``key`` must name everything the traced graph depends on (shapes, scale, softcap), so
+    a hit skips tracing, compiling, planning and recording: the per-call cost is a lookup.
+    """
+    full = (id(device), key)
+    rp = _replays.get(full)
     if rp is not None and rp.recording is not None and not device.closed:
-        _replays.move_to_end(key)
+        _replays.move_to_end(full)
         return rp
+    plan = build_plan(trace(), device)
     rp = Replay(device, plan, compile_plan(plan))
-    _replays[key] = rp
+    _replays[full] = rp
     while len(_replays) > MAX_CACHED_REPLAYS:
         _, old = _replays.popitem(last=False)
         old.close()
