@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .ir import Params
+from .ir import AttentionForm, Params
+from .ir.prims import ATTENTION
 from .ops import trace_decode_step
 from .oracle import eval_rules, evaluate
 from .runtime import build_replay
@@ -134,9 +135,9 @@ def bench_decode(
         kc2, vc2 = kc.copy(), vc.copy()
         kc2[:, :, lk - 1] = values["k_new"][:, :, 0]
         vc2[:, :, lk - 1] = values["v_new"][:, :, 0]
-        p = Params(scale=1 / math.sqrt(d), softcap=None, n_rep=hq // hkv, mask_kind="none")
+        form = AttentionForm(scale=1 / math.sqrt(d), n_rep=hq // hkv)
         t0 = time.perf_counter()
-        eval_rules["Attention"]([values["q"], kc2, vc2], p)
+        eval_rules[ATTENTION]([values["q"], kc2, vc2], Params(form=form))
         numpy_s = time.perf_counter() - t0
     finally:
         rp.close()

@@ -5,8 +5,9 @@ from __future__ import annotations
 from ..ir import Graph, check_graph
 from .attention_rewrite import attention_rewrite
 from .canonicalize import canonicalize, dead_code_elimination
+from .simplify import cse, fold_constants
 
-PASSES = (canonicalize, attention_rewrite, canonicalize)
+PASSES = (canonicalize, cse, fold_constants, attention_rewrite, canonicalize)
 
 
 def compile_graph(g: Graph, *, check: bool = True) -> Graph:
@@ -20,4 +21,7 @@ def compile_graph(g: Graph, *, check: bool = True) -> Graph:
     return g
 
 
-__all__ = ["attention_rewrite", "canonicalize", "compile_graph", "dead_code_elimination"]
+__all__ = [
+    "attention_rewrite", "canonicalize", "compile_graph", "cse", "dead_code_elimination",
+    "fold_constants",
+]

@@ -16,20 +16,50 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ir import F32, Eqn, Graph, Literal, Params, Var, type_eqn
+from ..errors import PootvkError
+from ..ir import (
+    F32,
+    AttentionForm,
+    Eqn,
+    Graph,
+    Literal,
+    MaskKind,
+    Params,
+    Prim,
+    ReduceOp,
+    UnaryOp,
+    Var,
+    type_eqn,
+)
+from ..ir.attention_form import mask_bcast
+from ..ir.prims import (
+    ADD,
+    ATTENTION,
+    BROADCAST,
+    DIV,
+    MATMUL,
+    MUL,
+    REDUCE,
+    RESHAPE,
+    SUB,
+    TRANSPOSE,
+    UNARY,
+)
 from .canonicalize import dead_code_elimination
 
 
 @dataclass
 class _Ctx:
-    prod: dict[Var, Eqn]
-    uses: dict[Var, list[Eqn]]
-    observed: set[Var]
+    g: Graph
+    prod: dict[Var, int]
+    uses: dict[Var, list[int]]
+    observed: frozenset[Var]
 
 
-def _eq(ctx: _Ctx, v: Var, prim: str, **params: object) -> Eqn | None:
-    e = ctx.prod.get(v)
-    if e is None or e.prim != prim:
+def _eq(ctx: _Ctx, v: Var, prim: Prim, **params: object) -> Eqn | None:
+    i = ctx.prod.get(v)
+    e = None if i is None else ctx.g.eqns[i]
+    if e is None or e.prim is not prim:
         return None
     if any(e.params.get(k) != want for k, want in params.items()):
         return None
@@ -42,9 +72,9 @@ def _lit(v: Var) -> float | None:
 
 def _unrepeat(ctx: _Ctx, x: Var) -> tuple[Var, int]:
     """Undo repeat_kv: the [B,Hkv,L,D] source and n_rep (1 when no repeat is traced)."""
-    r2 = _eq(ctx, x, "Reshape")
-    bc = r2 and _eq(ctx, r2.inputs[0], "Broadcast")
-    r1 = bc and _eq(ctx, bc.inputs[0], "Reshape")
+    r2 = _eq(ctx, x, RESHAPE)
+    bc = r2 and _eq(ctx, r2.inputs[0], BROADCAST)
+    r1 = bc and _eq(ctx, bc.inputs[0], RESHAPE)
     if r1 and x.ndim == 4:
         src = r1.inputs[0]
         b, h, length, d = x.shape
@@ -61,29 +91,29 @@ def _unrepeat(ctx: _Ctx, x: Var) -> tuple[Var, int]:
 
 def _match(ctx: _Ctx, mm: Eqn) -> tuple[Eqn, list[Eqn]] | None:
     probs, v_exp = mm.inputs
-    div = _eq(ctx, probs, "Div")
+    div = _eq(ctx, probs, DIV)
     if div is None:
         return None
     ex, den = div.inputs
-    rsum = _eq(ctx, den, "Reduce", op="Sum", keepdim=True)
-    exp = _eq(ctx, ex, "Unary", op="Exp")
+    rsum = _eq(ctx, den, REDUCE, op=ReduceOp.SUM, keepdim=True)
+    exp = _eq(ctx, ex, UNARY, op=UnaryOp.EXP)
     if rsum is None or exp is None or rsum.inputs[0] is not ex or ex.ndim != 4:
         return None
-    sub = _eq(ctx, exp.inputs[0], "Sub")
+    sub = _eq(ctx, exp.inputs[0], SUB)
     if sub is None or rsum.params["axis"] != ex.ndim - 1:
         return None
     s, mx = sub.inputs
-    rmax = _eq(ctx, mx, "Reduce", op="Max", keepdim=True, axis=3)
+    rmax = _eq(ctx, mx, REDUCE, op=ReduceOp.MAX, keepdim=True, axis=3)
     if rmax is None or rmax.inputs[0] is not s:
         return None
     chain = [mm, div, rsum, exp, sub, rmax]
 
     mask: Var | None = None
-    add = _eq(ctx, s, "Add")
+    add = _eq(ctx, s, ADD)
     if add is not None:
         a, b = add.inputs
         for scores, m in ((a, b), (b, a)):
-            if _eq(ctx, scores, "Mul") is not None and not isinstance(m, Literal):
+            if _eq(ctx, scores, MUL) is not None and not isinstance(m, Literal):
                 s, mask = scores, m
                 chain.append(add)
                 break
@@ -91,9 +121,9 @@ def _match(ctx: _Ctx, mm: Eqn) -> tuple[Eqn, list[Eqn]] | None:
             return None
 
     softcap: float | None = None
-    outer = _eq(ctx, s, "Mul")
-    tanh = outer and _eq(ctx, outer.inputs[0], "Unary", op="Tanh")
-    inner = tanh and _eq(ctx, tanh.inputs[0], "Div")
+    outer = _eq(ctx, s, MUL)
+    tanh = outer and _eq(ctx, outer.inputs[0], UNARY, op=UnaryOp.TANH)
+    inner = tanh and _eq(ctx, tanh.inputs[0], DIV)
     if outer and tanh and inner:
         cap, cap2 = _lit(outer.inputs[1]), _lit(inner.inputs[1])
         if cap is None or cap != cap2:
@@ -102,15 +132,15 @@ def _match(ctx: _Ctx, mm: Eqn) -> tuple[Eqn, list[Eqn]] | None:
         chain += [outer, tanh, inner]
         s = inner.inputs[0]
 
-    smul = _eq(ctx, s, "Mul")
+    smul = _eq(ctx, s, MUL)
     if smul is None or _lit(smul.inputs[1]) is None:
         return None
     scale = _lit(smul.inputs[1])
-    qk = _eq(ctx, smul.inputs[0], "MatMul")
+    qk = _eq(ctx, smul.inputs[0], MATMUL)
     if qk is None:
         return None
     q, kt = qk.inputs
-    tr = _eq(ctx, kt, "Transpose", perm=(0, 1, 3, 2))
+    tr = _eq(ctx, kt, TRANSPOSE, perm=(0, 1, 3, 2))
     if tr is None:
         return None
     chain += [smul, qk, tr]
@@ -127,28 +157,32 @@ def _match(ctx: _Ctx, mm: Eqn) -> tuple[Eqn, list[Eqn]] | None:
     for e in chain:
         if e is mm:
             continue
-        if e.out in ctx.observed or any(id(u) not in members for u in ctx.uses.get(e.out, [])):
+        users = ctx.uses.get(e.out, [])
+        if e.out in ctx.observed or any(id(ctx.g.eqns[u]) not in members for u in users):
             return None
 
-    params = Params(
-        scale=scale, softcap=softcap, n_rep=n_rep,
-        mask_kind="additive" if mask is not None else "none",
+    form = AttentionForm(
+        scale=float(scale), softcap=softcap, n_rep=n_rep,
+        mask=MaskKind.NONE if mask is None else MaskKind.ADDITIVE,
+        mask_bcast=None if mask is None else mask_bcast(mask.shape),
     )
+    params = Params(form=form)
     ins = (q, k, v) if mask is None else (q, k, v, mask)
     try:
-        avals = type_eqn("Attention", ins, params)
-    except ValueError:
+        avals = type_eqn(ATTENTION, ins, params)
+    except PootvkError:
         return None
     if avals != [(mm.out.shape, mm.out.dtype)]:
         return None
-    return Eqn("Attention", ins, mm.outputs, params), chain
+    return Eqn(ATTENTION, ins, mm.outputs, params), chain
 
 
 def attention_rewrite(g: Graph) -> Graph:
     """Replace every recognised attention chain; everything else is left as it is."""
-    ctx = _Ctx(g.producers(), g.uses(), set(g.outputs().values()))
+    info = g.use_info()
+    ctx = _Ctx(g, info.producer, info.users, info.observed)
     eqns: list[Eqn] = []
     for e in g.eqns:
-        m = _match(ctx, e) if e.prim == "MatMul" else None
+        m = _match(ctx, e) if e.prim is MATMUL else None
         eqns.append(m[0] if m else e)
     return dead_code_elimination(g.replace(eqns))

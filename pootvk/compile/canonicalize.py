@@ -4,30 +4,28 @@
   commutative, so the value is bit-identical);
 - Reshape/Broadcast to the same shape and identity Transposes are removed; Reshape of a
   Reshape is one Reshape;
-- dead eqns (nothing observable uses them) are removed.
+- dead eqns (nothing observable uses them) and CONST slots nothing reads are removed.
 """
 
 from __future__ import annotations
 
-from ..ir import Eqn, Graph, Literal, Var
-
-COMMUTATIVE = ("Add", "Mul", "Max", "Min")
+from ..ir import Eqn, Graph, Literal, SlotKind, Var
+from ..ir.prims import BROADCAST, COMMUTATIVE, RESHAPE, TRANSPOSE
 
 
 def _is_identity(e: Eqn) -> bool:
-    if e.prim in ("Reshape", "Broadcast") and e.inputs[0].shape == e.out.shape:
+    if e.prim in (RESHAPE, BROADCAST) and e.inputs[0].shape == e.out.shape:
         return True
-    return e.prim == "Transpose" and tuple(e.params["perm"]) == tuple(range(e.out.ndim))
+    return e.prim is TRANSPOSE and tuple(e.params["perm"]) == tuple(range(e.out.ndim))
 
 
 def dead_code_elimination(g: Graph) -> Graph:
-    live: set[Var] = set(g.outputs().values())
-    kept: list[Eqn] = []
-    for e in reversed(g.eqns):
-        if any(o in live for o in e.outputs):
-            kept.append(e)
-            live.update(e.inputs)
-    return g.replace(list(reversed(kept)))
+    info = g.use_info()
+    kept = [e for e, live in zip(g.eqns, info.live_eqns(g), strict=True) if live]
+    read = {v for e in kept for v in e.inputs} | set(info.observed)
+    slots = [s for s in g.slots if s.kind is not SlotKind.CONST or s.var in read]
+    consts = {s.name: g.constants[s.name] for s in slots if s.kind is SlotKind.CONST}
+    return g.replace(kept, slots=slots, constants=consts)
 
 
 def canonicalize(g: Graph) -> Graph:
@@ -44,8 +42,8 @@ def canonicalize(g: Graph) -> Graph:
             subst[e.out] = ins[0]
             continue
         src = producers.get(ins[0]) if ins else None
-        if e.prim == "Reshape" and src is not None and src.prim == "Reshape":
-            e = Eqn("Reshape", (src.inputs[0],), e.outputs, e.params)
+        if e.prim is RESHAPE and src is not None and src.prim is RESHAPE:
+            e = Eqn(RESHAPE, (src.inputs[0],), e.outputs, e.params)
         eqns.append(e)
         for o in e.outputs:
             producers[o] = e

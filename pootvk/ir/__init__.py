@@ -1,11 +1,27 @@
-"""The IR: dtypes, Var/Literal, Eqn, Slot, Graph, the primitive typing rules, printing."""
+"""The IR: dtypes, Var/Literal, Eqn, Slot, Graph, the primitive set and its typing rules,
+the Attention form, the one rule-table registrar, printing."""
 
+from . import prims
+from .attention_form import AttentionForm, KeyLayout, MaskKind, check_attention, form_for
 from .dtypes import BF16, BOOL, F16, F32, I32, U32, DType, from_numpy
-from .graph import Eqn, Graph, Literal, Params, Slot, SlotKind, Var
-from .prims import check_graph, new_eqn, shape_rules, type_eqn
+from .graph import Eqn, Graph, Literal, Params, Slot, SlotKind, UseInfo, Var
+from .prims import (
+    PRIMS,
+    CompareOp,
+    Prim,
+    ReduceOp,
+    UnaryOp,
+    check_graph,
+    new_eqn,
+    shape_rules,
+    type_eqn,
+)
+from .rules import RuleTable
 
 __all__ = [
     "BF16", "BOOL", "F16", "F32", "I32", "U32", "DType", "from_numpy",
-    "Eqn", "Graph", "Literal", "Params", "Slot", "SlotKind", "Var",
-    "check_graph", "new_eqn", "shape_rules", "type_eqn",
+    "AttentionForm", "KeyLayout", "MaskKind", "check_attention", "form_for",
+    "Eqn", "Graph", "Literal", "Params", "Slot", "SlotKind", "UseInfo", "Var",
+    "PRIMS", "CompareOp", "Prim", "ReduceOp", "UnaryOp", "prims",
+    "check_graph", "new_eqn", "shape_rules", "type_eqn", "RuleTable",
 ]

@@ -48,13 +48,13 @@ def check_bind(
 
     Unknown names are refused too: a typo must not silently leave a slot unbound.
     """
-    names = {s.name for s in g.slots}
+    names = {s.name for s in g.slots if s.kind.bound}
     for k in values:
         if k not in names:
             raise BindError(k, sorted(names), k, "slot name (one of)")
     out: dict[str, np.ndarray] = {}
     for s in g.slots:
-        if only is not None and s.name not in only:
+        if not s.kind.bound or (only is not None and s.name not in only):
             continue
         if s.name not in values:
             raise BindError(s.name, s.var.aval(), "nothing", "a value of")

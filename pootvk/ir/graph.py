@@ -11,9 +11,12 @@ import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .dtypes import DType
+
+if TYPE_CHECKING:
+    from .prims import Prim
 
 
 class Var:
@@ -96,7 +99,7 @@ class Params(Mapping[str, Any]):
 
 @dataclass(frozen=True, eq=False)
 class Eqn:
-    prim: str
+    prim: Prim
     inputs: tuple[Var, ...]
     outputs: tuple[Var, ...]
     params: Params = field(default_factory=Params)
@@ -113,7 +116,8 @@ class SlotKind(Enum):
     PARAM: weights, bound when they change. INPUT: a per-step activation (q, new k/v).
     STATE: a KV pool or cache, donated and updated in place (a matching state output).
     POS, LEN: per-step integers with a declared range; SLOTMAP/WRITEMAP: paged maps;
-    TOKENS: token ids.
+    TOKENS: token ids. CONST: a value computed at compile time (constant folding), held in
+    ``Graph.constants`` and written once, never bound by a caller.
     """
 
     PARAM = "param"
@@ -124,10 +128,16 @@ class SlotKind(Enum):
     WRITEMAP = "writemap"
     LEN = "len"
     TOKENS = "tokens"
+    CONST = "const"
 
     @property
     def per_step(self) -> bool:
-        return self not in (SlotKind.PARAM, SlotKind.STATE)
+        return self not in (SlotKind.PARAM, SlotKind.STATE, SlotKind.CONST)
+
+    @property
+    def bound(self) -> bool:
+        """Whether a caller binds this slot (everything but compile-time constants)."""
+        return self is not SlotKind.CONST
 
 
 @dataclass(frozen=True, eq=False)
@@ -147,7 +157,8 @@ class Graph:
 
     ``states`` maps a STATE slot's name to the Var holding its value after the step; the
     runtime updates that slot's buffer in place. ``validations`` are the witnesses of index
-    guards: an I32 scalar that is nonzero when a guard failed.
+    guards: an I32 scalar that is nonzero when a guard failed. ``constants`` holds the value
+    (a numpy array) of every CONST slot, by slot name.
     """
 
     slots: list[Slot]
@@ -155,6 +166,7 @@ class Graph:
     exports: dict[str, Var]
     states: dict[str, Var] = field(default_factory=dict)
     validations: dict[str, Var] = field(default_factory=dict)
+    constants: dict[str, Any] = field(default_factory=dict)
 
     def slot(self, name: str) -> Slot:
         for s in self.slots:
@@ -166,32 +178,72 @@ class Graph:
         """Everything observable after a step: exports, state outputs, witnesses."""
         return {**self.exports, **self.states, **self.validations}
 
-    def producers(self) -> dict[Var, Eqn]:
-        return {o: e for e in self.eqns for o in e.outputs}
+    def use_info(self) -> UseInfo:
+        """Producers, users and last uses of every value, from one walk over the eqns."""
+        return UseInfo.of(self)
 
-    def uses(self) -> dict[Var, list[Eqn]]:
-        u: dict[Var, list[Eqn]] = {}
-        for e in self.eqns:
-            for v in e.inputs:
-                u.setdefault(v, []).append(e)
-        return u
+    def count(self, prim: Prim) -> int:
+        return sum(1 for e in self.eqns if e.prim is prim)
 
-    def count(self, prim: str) -> int:
-        return sum(1 for e in self.eqns if e.prim == prim)
-
-    def replace(self, eqns: list[Eqn], subst: Mapping[Var, Var] | None = None) -> Graph:
-        """A graph with new eqns and the observable outputs renamed through ``subst``."""
+    def replace(
+        self, eqns: list[Eqn], subst: Mapping[Var, Var] | None = None,
+        *, slots: list[Slot] | None = None, constants: Mapping[str, Any] | None = None,
+    ) -> Graph:
+        """A graph with new eqns and the observable outputs renamed through ``subst``
+        (optionally new slots and constants: constant folding adds CONST slots)."""
         s = subst or {}
         ren = {k: s.get(v, v) for k, v in self.exports.items()}
         return Graph(
-            list(self.slots),
+            list(self.slots if slots is None else slots),
             list(eqns),
             ren,
             {k: s.get(v, v) for k, v in self.states.items()},
             {k: s.get(v, v) for k, v in self.validations.items()},
+            dict(self.constants if constants is None else constants),
         )
 
     def __str__(self) -> str:
         from .printing import format_graph
 
         return format_graph(self)
+
+
+@dataclass(frozen=True)
+class UseInfo:
+    """One walk over a graph's eqns: who produces each value, who uses it, its last use.
+
+    Indices are eqn positions. Liveness (the arena), dead-code elimination and the oracle's
+    freeing of dead values all read this one record instead of walking the graph again.
+    """
+
+    producer: dict[Var, int]
+    users: dict[Var, list[int]]
+    observed: frozenset[Var]
+
+    @staticmethod
+    def of(g: Graph) -> UseInfo:
+        producer: dict[Var, int] = {}
+        users: dict[Var, list[int]] = {}
+        for i, e in enumerate(g.eqns):
+            for v in e.inputs:
+                if not isinstance(v, Literal):
+                    users.setdefault(v, []).append(i)
+            for o in e.outputs:
+                producer[o] = i
+        return UseInfo(producer, users, frozenset(g.outputs().values()))
+
+    def last_use(self, v: Var) -> int | None:
+        u = self.users.get(v)
+        return u[-1] if u else None
+
+    def live_eqns(self, g: Graph) -> list[bool]:
+        """Which eqns something observable depends on (the rest is dead code)."""
+        live = [False] * len(g.eqns)
+        stack = [self.producer[v] for v in self.observed if v in self.producer]
+        while stack:
+            i = stack.pop()
+            if live[i]:
+                continue
+            live[i] = True
+            stack.extend(self.producer[v] for v in g.eqns[i].inputs if v in self.producer)
+        return live

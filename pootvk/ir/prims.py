@@ -1,38 +1,119 @@
-"""The primitive set and its typing rules, as a table keyed by primitive name.
+"""The primitive set: ``Prim`` objects, their sub-op enums and their typing rules.
 
-``shape_rules[prim](inputs, params) -> [(shape, dtype), ...]`` types an eqn; the tracer uses
-it to make output Vars and :func:`check_graph` re-runs it after every pass.
+A primitive is an object, not a string: stages key their rule tables by it, and a pass that
+names a primitive imports it, so a misspelt one fails at import instead of silently never
+matching. ``shape_rules[prim](inputs, params) -> [(shape, dtype), ...]`` types an eqn; the
+tracer uses it to make output Vars and :func:`check_graph` re-runs it after every pass.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from enum import Enum
 from typing import Any
 
 import numpy as np
 
 from ..errors import ShapeError
+from .attention_form import AttentionForm, check_form_operands
 from .dtypes import BOOL, I32, DType
 from .graph import Eqn, Graph, Literal, Params, Var
+from .rules import RuleTable
 
 Aval = tuple[tuple[int, ...], DType]
 ShapeRule = Callable[[Sequence[Var], Params], list[Aval]]
 
-BINARY = ("Add", "Sub", "Mul", "Div", "Max", "Min")
-UNARY_OPS = ("Exp", "Tanh", "Neg", "Rsqrt", "Sqrt", "Log", "Abs", "Recip")
-COMPARE_OPS = ("Lt", "Le", "Gt", "Ge", "Eq", "Ne")
-REDUCE_OPS = ("Max", "Sum")
-MASK_KINDS = ("none", "additive")
 
-shape_rules: dict[str, ShapeRule] = {}
+class Prim:
+    """A primitive: its name, its operand count (None = variadic) and its params' types.
+
+    Identity is object identity: there is exactly one ``Prim`` per primitive, registered
+    in ``PRIMS`` by name when it is made.
+    """
+
+    __slots__ = ("name", "arity", "param_types", "fused")
+
+    def __init__(
+        self, name: str, arity: int | None, fused: bool = False, **param_types: type | tuple
+    ) -> None:
+        if name in PRIMS:
+            raise RuntimeError(f"primitive {name} defined twice")
+        self.name, self.arity, self.fused = name, arity, fused
+        self.param_types: Mapping[str, type | tuple] = dict(param_types)
+        PRIMS[name] = self
+
+    def check(self, n_inputs: int, params: Mapping[str, Any]) -> None:
+        """Operand count and params against the declaration: a malformed eqn never exists."""
+        if self.arity is not None and n_inputs != self.arity:
+            raise ShapeError(f"{self.name} takes {self.arity} operands, got {n_inputs}")
+        if set(params) != set(self.param_types):
+            raise ShapeError(
+                f"{self.name} params {sorted(params)} != declared {sorted(self.param_types)}"
+            )
+        for k, t in self.param_types.items():
+            if not isinstance(params[k], t) or (t is int and isinstance(params[k], bool)):
+                raise ShapeError(f"{self.name} param {k}={params[k]!r} is not {t}")
+
+    def __repr__(self) -> str:
+        return self.name
 
 
-def rule(name: str) -> Callable[[ShapeRule], ShapeRule]:
-    def deco(f: ShapeRule) -> ShapeRule:
-        shape_rules[name] = f
-        return f
+PRIMS: dict[str, Prim] = {}
 
-    return deco
+
+class UnaryOp(Enum):
+    EXP = "Exp"
+    TANH = "Tanh"
+    NEG = "Neg"
+    RSQRT = "Rsqrt"
+    SQRT = "Sqrt"
+    LOG = "Log"
+    ABS = "Abs"
+    RECIP = "Recip"
+
+
+class CompareOp(Enum):
+    LT = "Lt"
+    LE = "Le"
+    GT = "Gt"
+    GE = "Ge"
+    EQ = "Eq"
+    NE = "Ne"
+
+
+class ReduceOp(Enum):
+    MAX = "Max"
+    SUM = "Sum"
+
+
+ADD = Prim("Add", 2)
+SUB = Prim("Sub", 2)
+MUL = Prim("Mul", 2)
+DIV = Prim("Div", 2)
+MAX = Prim("Max", 2)
+MIN = Prim("Min", 2)
+BINARY = (ADD, SUB, MUL, DIV, MAX, MIN)
+COMMUTATIVE = (ADD, MUL, MAX, MIN)
+UNARY = Prim("Unary", 1, op=UnaryOp)
+COMPARE = Prim("Compare", 2, op=CompareOp)
+SELECT = Prim("Select", 3)
+CONVERT = Prim("Convert", 1, dtype=DType)
+IOTA = Prim("Iota", 0, shape=tuple, axis=int, dtype=DType)
+COPY = Prim("Copy", 1)
+RESHAPE = Prim("Reshape", 1, shape=tuple)
+BROADCAST = Prim("Broadcast", 1, shape=tuple)
+TRANSPOSE = Prim("Transpose", 1, perm=tuple)
+SLICE = Prim("Slice", 1, start=tuple, limit=tuple)
+CONCAT = Prim("Concat", None, axis=int)
+MATMUL = Prim("MatMul", 2)
+REDUCE = Prim("Reduce", 1, op=ReduceOp, axis=int, keepdim=bool)
+DYNAMIC_UPDATE_SLICE = Prim("DynamicUpdateSlice", None)
+ATTENTION = Prim("Attention", None, fused=True, form=AttentionForm)
+
+shape_rules: RuleTable[Prim, ShapeRule] = RuleTable(
+    "shape", lambda p, why: ShapeError(f"{why} for primitive {p}")
+)
+rule = shape_rules.register
 
 
 def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
@@ -42,55 +123,43 @@ def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
         raise ShapeError(f"shapes {list(shapes)} do not broadcast") from e
 
 
-def _same_dtype(prim: str, xs: Sequence[Var]) -> DType:
+def _same_dtype(prim: Prim, xs: Sequence[Var]) -> DType:
     dts = {x.dtype for x in xs}
     if len(dts) != 1:
         raise ShapeError(f"{prim}: operand dtypes differ: {[x.dtype.value for x in xs]}")
     return xs[0].dtype
 
 
-def _binary(prim: str) -> ShapeRule:
-    def f(xs: Sequence[Var], p: Params) -> list[Aval]:
-        if len(xs) != 2:
-            raise ShapeError(f"{prim} takes 2 operands, got {len(xs)}")
-        return [(broadcast_shapes(xs[0].shape, xs[1].shape), _same_dtype(prim, xs))]
-
-    return f
+@rule(*BINARY)
+def _binary(xs: Sequence[Var], p: Params) -> list[Aval]:
+    return [(broadcast_shapes(xs[0].shape, xs[1].shape), _same_dtype(ADD, xs))]
 
 
-for _b in BINARY:
-    shape_rules[_b] = _binary(_b)
-
-
-@rule("Unary")
+@rule(UNARY, COPY)
 def _unary(xs: Sequence[Var], p: Params) -> list[Aval]:
-    if p["op"] not in UNARY_OPS:
-        raise ShapeError(f"Unary op {p['op']!r} not in {UNARY_OPS}")
     return [(xs[0].shape, xs[0].dtype)]
 
 
-@rule("Compare")
+@rule(COMPARE)
 def _compare(xs: Sequence[Var], p: Params) -> list[Aval]:
-    if p["op"] not in COMPARE_OPS:
-        raise ShapeError(f"Compare op {p['op']!r} not in {COMPARE_OPS}")
-    _same_dtype("Compare", xs)
+    _same_dtype(COMPARE, xs)
     return [(broadcast_shapes(xs[0].shape, xs[1].shape), BOOL)]
 
 
-@rule("Select")
+@rule(SELECT)
 def _select(xs: Sequence[Var], p: Params) -> list[Aval]:
     pred, a, b = xs
     if pred.dtype is not BOOL:
         raise ShapeError(f"Select predicate must be bool, got {pred.dtype.value}")
-    return [(broadcast_shapes(pred.shape, a.shape, b.shape), _same_dtype("Select", (a, b)))]
+    return [(broadcast_shapes(pred.shape, a.shape, b.shape), _same_dtype(SELECT, (a, b)))]
 
 
-@rule("Convert")
+@rule(CONVERT)
 def _convert(xs: Sequence[Var], p: Params) -> list[Aval]:
     return [(xs[0].shape, p["dtype"])]
 
 
-@rule("Iota")
+@rule(IOTA)
 def _iota(xs: Sequence[Var], p: Params) -> list[Aval]:
     shape, axis = tuple(p["shape"]), p["axis"]
     if not 0 <= axis < len(shape):
@@ -98,7 +167,7 @@ def _iota(xs: Sequence[Var], p: Params) -> list[Aval]:
     return [(shape, p["dtype"])]
 
 
-@rule("Reshape")
+@rule(RESHAPE)
 def _reshape(xs: Sequence[Var], p: Params) -> list[Aval]:
     shape = tuple(p["shape"])
     if int(np.prod(shape)) != xs[0].size:
@@ -106,7 +175,7 @@ def _reshape(xs: Sequence[Var], p: Params) -> list[Aval]:
     return [(shape, xs[0].dtype)]
 
 
-@rule("Broadcast")
+@rule(BROADCAST)
 def _broadcast(xs: Sequence[Var], p: Params) -> list[Aval]:
     shape = tuple(p["shape"])
     if broadcast_shapes(xs[0].shape, shape) != shape:
@@ -114,7 +183,7 @@ def _broadcast(xs: Sequence[Var], p: Params) -> list[Aval]:
     return [(shape, xs[0].dtype)]
 
 
-@rule("Transpose")
+@rule(TRANSPOSE)
 def _transpose(xs: Sequence[Var], p: Params) -> list[Aval]:
     perm = tuple(p["perm"])
     if sorted(perm) != list(range(xs[0].ndim)):
@@ -122,7 +191,7 @@ def _transpose(xs: Sequence[Var], p: Params) -> list[Aval]:
     return [(tuple(xs[0].shape[i] for i in perm), xs[0].dtype)]
 
 
-@rule("Slice")
+@rule(SLICE)
 def _slice(xs: Sequence[Var], p: Params) -> list[Aval]:
     start, limit = tuple(p["start"]), tuple(p["limit"])
     x = xs[0]
@@ -134,11 +203,15 @@ def _slice(xs: Sequence[Var], p: Params) -> list[Aval]:
     return [(tuple(lim - s for s, lim in zip(start, limit, strict=True)), x.dtype)]
 
 
-@rule("Concat")
+@rule(CONCAT)
 def _concat(xs: Sequence[Var], p: Params) -> list[Aval]:
     axis = p["axis"]
-    dt = _same_dtype("Concat", xs)
+    if not xs:
+        raise ShapeError("Concat needs at least one operand")
+    dt = _same_dtype(CONCAT, xs)
     base = list(xs[0].shape)
+    if not 0 <= axis < len(base):
+        raise ShapeError(f"Concat axis {axis} out of range for rank {len(base)}")
     for x in xs[1:]:
         if x.ndim != len(base) or any(
             a != b for i, (a, b) in enumerate(zip(x.shape, base, strict=True)) if i != axis
@@ -148,20 +221,18 @@ def _concat(xs: Sequence[Var], p: Params) -> list[Aval]:
     return [(tuple(base), dt)]
 
 
-@rule("MatMul")
+@rule(MATMUL)
 def _matmul(xs: Sequence[Var], p: Params) -> list[Aval]:
     a, b = xs
     if a.ndim < 2 or b.ndim < 2 or a.shape[-1] != b.shape[-2]:
         raise ShapeError(f"MatMul {a.shape} @ {b.shape}: contraction dims differ")
     batch = broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    return [(batch + (a.shape[-2], b.shape[-1]), _same_dtype("MatMul", xs))]
+    return [(batch + (a.shape[-2], b.shape[-1]), _same_dtype(MATMUL, xs))]
 
 
-@rule("Reduce")
+@rule(REDUCE)
 def _reduce(xs: Sequence[Var], p: Params) -> list[Aval]:
     x, axis = xs[0], p["axis"]
-    if p["op"] not in REDUCE_OPS:
-        raise ShapeError(f"Reduce op {p['op']!r} not in {REDUCE_OPS}")
     if not 0 <= axis < x.ndim:
         raise ShapeError(f"Reduce axis {axis} out of range for {x.shape}")
     shape = list(x.shape)
@@ -172,8 +243,10 @@ def _reduce(xs: Sequence[Var], p: Params) -> list[Aval]:
     return [(tuple(shape), x.dtype)]
 
 
-@rule("DynamicUpdateSlice")
+@rule(DYNAMIC_UPDATE_SLICE)
 def _dus(xs: Sequence[Var], p: Params) -> list[Aval]:
+    if len(xs) < 2:
+        raise ShapeError("DynamicUpdateSlice takes an operand, an update and its starts")
     operand, update, *starts = xs
     if update.ndim != operand.ndim or any(
         u > o for u, o in zip(update.shape, operand.shape, strict=True)
@@ -181,36 +254,22 @@ def _dus(xs: Sequence[Var], p: Params) -> list[Aval]:
         raise ShapeError(f"DynamicUpdateSlice update {update.shape} does not fit {operand.shape}")
     if len(starts) != operand.ndim or any(s.shape != () or s.dtype is not I32 for s in starts):
         raise ShapeError("DynamicUpdateSlice needs one scalar i32 start per operand axis")
-    _same_dtype("DynamicUpdateSlice", (operand, update))
+    _same_dtype(DYNAMIC_UPDATE_SLICE, (operand, update))
     return [(operand.shape, operand.dtype)]
 
 
-@rule("Attention")
+@rule(ATTENTION)
 def _attention(xs: Sequence[Var], p: Params) -> list[Aval]:
-    q, k, v, *rest = xs
-    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
-        raise ShapeError(f"Attention wants rank-4 q/k/v, got {q.shape} {k.shape} {v.shape}")
-    b, hq, lq, dk = q.shape
-    bk, hkv, lk, dk2 = k.shape
-    if (bk, dk2) != (b, dk) or v.shape[:3] != (b, hkv, lk):
-        raise ShapeError(f"Attention q {q.shape}, k {k.shape}, v {v.shape} do not agree")
-    if hkv * p["n_rep"] != hq:
-        raise ShapeError(f"Attention Hq={hq} is not Hkv={hkv} * n_rep={p['n_rep']}")
-    if p["mask_kind"] == "additive":
-        (m,) = rest
-        mb, mh, mq, mk = m.shape
-        if mb not in (1, b) or mh not in (1, hq) or mq not in (1, lq) or mk != lk:
-            raise ShapeError(f"Attention mask {m.shape} does not fit [{b},1|{hq},{lq},{lk}]")
-    elif rest:
-        raise ShapeError("Attention with mask_kind 'none' takes no mask operand")
-    _same_dtype("Attention", xs)
-    return [((b, hq, lq, v.shape[3]), q.dtype)]
+    shape, dt = check_form_operands(p["form"], [x.shape for x in xs], [x.dtype for x in xs])
+    return [(shape, dt)]
 
 
-def type_eqn(prim: str, inputs: Sequence[Var], params: dict[str, Any] | Params) -> list[Aval]:
-    if prim not in shape_rules:
-        raise ShapeError(f"unknown primitive {prim!r}")
-    return shape_rules[prim](inputs, params if isinstance(params, Params) else Params(params))
+def type_eqn(prim: Prim, inputs: Sequence[Var], params: Mapping[str, Any]) -> list[Aval]:
+    if not isinstance(prim, Prim):
+        raise ShapeError(f"{prim!r} is not a primitive (pootvk.ir.prims)")
+    p = params if isinstance(params, Params) else Params(params)
+    prim.check(len(inputs), p)
+    return shape_rules[prim](inputs, p)
 
 
 def check_graph(g: Graph) -> None:
@@ -236,7 +295,7 @@ def check_graph(g: Graph) -> None:
             raise ShapeError(f"state {name!r} changes type {s.var.aval()} -> {v.aval()}")
 
 
-def new_eqn(prim: str, inputs: Sequence[Var], **params: Any) -> Eqn:
+def new_eqn(prim: Prim, inputs: Sequence[Var], **params: Any) -> Eqn:
     """Type an eqn and make its output Vars."""
     p = Params(params)
     outs = tuple(Var(s, d) for s, d in type_eqn(prim, inputs, p))

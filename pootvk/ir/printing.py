@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from enum import Enum
+
+from .attention_form import AttentionForm
 from .graph import Graph, Literal, Var
 
 
@@ -26,7 +29,7 @@ class Namer:
 def _fmt_param(v: object) -> str:
     if isinstance(v, float):
         return f"{v:.6g}"
-    if hasattr(v, "value") and not isinstance(v, int | str):
+    if isinstance(v, Enum):
         return str(v.value)
     return str(v)
 
@@ -40,7 +43,10 @@ def format_graph(g: Graph) -> str:
     lines.append("  let")
     for e in g.eqns:
         outs = " ".join(f"{name(o)}:{o.aval()}" for o in e.outputs)
-        ps = " ".join(f"{k}={_fmt_param(v)}" for k, v in e.params.items())
+        ps = " ".join(
+            v.describe() if isinstance(v, AttentionForm) else f"{k}={_fmt_param(v)}"
+            for k, v in e.params.items()
+        )
         ins = " ".join(name(v) for v in e.inputs)
         head = f"{e.prim}[{ps}]" if ps else e.prim
         lines.append(f"    {outs} = {head} {ins}".rstrip())

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from ..errors import ShapeError
-from ..ir import F32, Graph, Var
+from ..ir import F32, CompareOp, Graph, ReduceOp, Var, check_attention
 from .builder import Builder
 
 NEG_INF = float("-inf")
@@ -32,15 +32,15 @@ def causal_mask(b: Builder, pos: Var, lq: int, lk: int) -> Var:
     limit: Var = pos
     if lq > 1:
         limit = b.add(b.iota((1, 1, lq, lk), axis=2), pos)
-    visible = b.compare("Le", key, limit)
+    visible = b.compare(CompareOp.LE, key, limit)
     return b.select(visible, 0.0, NEG_INF)
 
 
 def softmax(b: Builder, x: Var) -> Var:
     """Max-subtracted softmax over the last axis."""
-    m = b.reduce("Max", x, axis=-1, keepdim=True)
+    m = b.reduce(ReduceOp.MAX, x, axis=-1, keepdim=True)
     ex = b.exp(b.sub(x, m))
-    s = b.reduce("Sum", ex, axis=-1, keepdim=True)
+    s = b.reduce(ReduceOp.SUM, ex, axis=-1, keepdim=True)
     return b.div(ex, s)
 
 
@@ -53,15 +53,13 @@ def attention_core(
     scale: float | None = None,
     softcap: float | None = None,
 ) -> Var:
-    """softmax(cap(q k^T * scale) + mask) v over [B, H, L, D] operands (GQA by repeat_kv)."""
-    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
-        raise ShapeError(f"attention wants rank-4 q/k/v, got {q.shape}, {k.shape}, {v.shape}")
-    hq, hkv = q.shape[1], k.shape[1]
-    if hkv == 0 or hq % hkv:
-        raise ShapeError(f"query heads {hq} are not a multiple of key/value heads {hkv}")
-    if softcap is not None and not softcap > 0:
-        raise ShapeError(f"softcap must be > 0, got {softcap}")
-    n_rep = hq // hkv
+    """softmax(cap(q k^T * scale) + mask) v over [B, H, L, D] operands (GQA by repeat_kv).
+
+    Operands are validated by the one attention validator (``ir.check_attention``)."""
+    check_attention(
+        q.shape, k.shape, v.shape, None if mask is None else mask.shape, softcap=softcap
+    )
+    n_rep = q.shape[1] // k.shape[1]
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
     k_exp = repeat_kv(b, k, n_rep)
     v_exp = repeat_kv(b, v, n_rep)
@@ -106,26 +104,12 @@ def attention_prefill(
     return out, k_cache, v_cache
 
 
-def attention_masked(
-    b: Builder,
-    q: Var,
-    k_new: Var,
-    v_new: Var,
-    k_cache: Var,
-    v_cache: Var,
-    pos: Var,
-    *,
-    mask: Var | None = None,
-    scale: float | None = None,
-    softcap: float | None = None,
-) -> tuple[Var, Var, Var]:
-    """One fixed-capacity decode step (Lq == 1): write k/v at ``pos``, attend over the
-    cache; as :func:`attention_prefill` with one row."""
-    if q.shape[2] != 1:
-        raise ShapeError(f"attention_masked is a decode step (Lq == 1), got Lq={q.shape[2]}")
-    return attention_prefill(
-        b, q, k_new, v_new, k_cache, v_cache, pos, mask=mask, scale=scale, softcap=softcap
-    )
+def attention_masked(b: Builder, q: Var, *args: Var, **kw: object) -> tuple[Var, Var, Var]:
+    """One fixed-capacity decode step (Lq == 1): :func:`attention_prefill` with one row
+    (same operands and keywords)."""
+    if q.ndim != 4 or q.shape[2] != 1:
+        raise ShapeError(f"attention_masked is a decode step (Lq == 1), got q {q.shape}")
+    return attention_prefill(b, q, *args, **kw)  # type: ignore[arg-type]
 
 
 def trace_attention(

@@ -9,7 +9,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..errors import ShapeError
-from ..ir import F32, I32, DType, Eqn, Graph, Literal, Slot, SlotKind, Var, new_eqn
+from ..ir import (
+    F32,
+    I32,
+    CompareOp,
+    DType,
+    Eqn,
+    Graph,
+    Literal,
+    Prim,
+    ReduceOp,
+    Slot,
+    SlotKind,
+    UnaryOp,
+    Var,
+    new_eqn,
+)
+from ..ir import prims as P
 
 Operand = Var | float | int
 
@@ -67,78 +83,88 @@ class Builder:
     def lit(self, x: Operand, dtype: DType) -> Var:
         return x if isinstance(x, Var) else Literal(x, dtype)
 
-    def emit(self, prim: str, inputs: Sequence[Var], **params: object) -> Var:
+    def emit(self, prim: Prim, inputs: Sequence[Var], **params: object) -> Var:
         e = new_eqn(prim, inputs, **params)
         self.eqns.append(e)
         return e.out
 
-    def _bin(self, prim: str, a: Operand, b: Operand) -> Var:
+    def _bin(self, prim: Prim, a: Operand, b: Operand) -> Var:
         dt = a.dtype if isinstance(a, Var) else b.dtype if isinstance(b, Var) else F32
         return self.emit(prim, [self.lit(a, dt), self.lit(b, dt)])
 
     def add(self, a: Operand, b: Operand) -> Var:
-        return self._bin("Add", a, b)
+        return self._bin(P.ADD, a, b)
 
     def sub(self, a: Operand, b: Operand) -> Var:
-        return self._bin("Sub", a, b)
+        return self._bin(P.SUB, a, b)
 
     def mul(self, a: Operand, b: Operand) -> Var:
-        return self._bin("Mul", a, b)
+        return self._bin(P.MUL, a, b)
 
     def div(self, a: Operand, b: Operand) -> Var:
-        return self._bin("Div", a, b)
+        return self._bin(P.DIV, a, b)
 
     def max(self, a: Operand, b: Operand) -> Var:
-        return self._bin("Max", a, b)
+        return self._bin(P.MAX, a, b)
 
     def min(self, a: Operand, b: Operand) -> Var:
-        return self._bin("Min", a, b)
+        return self._bin(P.MIN, a, b)
 
-    def unary(self, op: str, x: Var) -> Var:
-        return self.emit("Unary", [x], op=op)
+    def unary(self, op: UnaryOp | str, x: Var) -> Var:
+        return self.emit(P.UNARY, [x], op=_enum(UnaryOp, op))
 
     def exp(self, x: Var) -> Var:
-        return self.unary("Exp", x)
+        return self.unary(UnaryOp.EXP, x)
 
     def tanh(self, x: Var) -> Var:
-        return self.unary("Tanh", x)
+        return self.unary(UnaryOp.TANH, x)
 
-    def compare(self, op: str, a: Operand, b: Operand) -> Var:
+    def compare(self, op: CompareOp | str, a: Operand, b: Operand) -> Var:
         dt = a.dtype if isinstance(a, Var) else b.dtype if isinstance(b, Var) else I32
-        return self.emit("Compare", [self.lit(a, dt), self.lit(b, dt)], op=op)
+        return self.emit(P.COMPARE, [self.lit(a, dt), self.lit(b, dt)], op=_enum(CompareOp, op))
 
     def select(self, pred: Var, a: Operand, b: Operand) -> Var:
         dt = a.dtype if isinstance(a, Var) else b.dtype if isinstance(b, Var) else F32
-        return self.emit("Select", [pred, self.lit(a, dt), self.lit(b, dt)])
+        return self.emit(P.SELECT, [pred, self.lit(a, dt), self.lit(b, dt)])
 
     def convert(self, x: Var, dtype: DType) -> Var:
-        return self.emit("Convert", [x], dtype=dtype)
+        return self.emit(P.CONVERT, [x], dtype=dtype)
 
     def iota(self, shape: Sequence[int], axis: int, dtype: DType = I32) -> Var:
-        return self.emit("Iota", [], shape=tuple(shape), axis=axis, dtype=dtype)
+        return self.emit(P.IOTA, [], shape=tuple(shape), axis=axis, dtype=dtype)
 
     def reshape(self, x: Var, shape: Sequence[int]) -> Var:
-        return self.emit("Reshape", [x], shape=tuple(shape))
+        return self.emit(P.RESHAPE, [x], shape=tuple(shape))
 
     def broadcast(self, x: Var, shape: Sequence[int]) -> Var:
-        return self.emit("Broadcast", [x], shape=tuple(shape))
+        return self.emit(P.BROADCAST, [x], shape=tuple(shape))
 
     def transpose(self, x: Var, perm: Sequence[int]) -> Var:
-        return self.emit("Transpose", [x], perm=tuple(perm))
+        return self.emit(P.TRANSPOSE, [x], perm=tuple(perm))
 
     def slice(self, x: Var, start: Sequence[int], limit: Sequence[int]) -> Var:
-        return self.emit("Slice", [x], start=tuple(start), limit=tuple(limit))
+        return self.emit(P.SLICE, [x], start=tuple(start), limit=tuple(limit))
 
     def concat(self, xs: Sequence[Var], axis: int) -> Var:
-        return self.emit("Concat", list(xs), axis=axis)
+        return self.emit(P.CONCAT, list(xs), axis=axis)
 
     def matmul(self, a: Var, b: Var) -> Var:
-        return self.emit("MatMul", [a, b])
+        return self.emit(P.MATMUL, [a, b])
 
-    def reduce(self, op: str, x: Var, axis: int, keepdim: bool = True) -> Var:
-        return self.emit("Reduce", [x], op=op, axis=axis % x.ndim, keepdim=keepdim)
+    def reduce(self, op: ReduceOp | str, x: Var, axis: int, keepdim: bool = True) -> Var:
+        return self.emit(
+            P.REDUCE, [x], op=_enum(ReduceOp, op), axis=axis % x.ndim, keepdim=keepdim
+        )
 
     def dynamic_update_slice(self, operand: Var, update: Var, starts: Sequence[Operand]) -> Var:
         return self.emit(
-            "DynamicUpdateSlice", [operand, update, *(self.lit(s, I32) for s in starts)]
+            P.DYNAMIC_UPDATE_SLICE, [operand, update, *(self.lit(s, I32) for s in starts)]
         )
+
+
+def _enum(kind: type, op: object) -> object:
+    """A sub-op enum member from the member or its name as printed (``"Exp"``)."""
+    try:
+        return kind(op)
+    except ValueError:
+        raise ShapeError(f"{op!r} is not one of {[m.value for m in kind]}") from None

@@ -12,19 +12,21 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..ir import Eqn, Graph, Literal, Params, Var
+from ..errors import UnsupportedPrimitive
+from ..ir import CompareOp, Eqn, Graph, Literal, Params, ReduceOp, RuleTable, UnaryOp, Var
+from ..ir import prims as P
 from ..ir.bind import check_bind
 
 EvalRule = Callable[[Sequence[np.ndarray], Params], np.ndarray]
-eval_rules: dict[str, EvalRule] = {}
+eval_rules: RuleTable[P.Prim, EvalRule] = RuleTable(
+    "oracle", lambda p, why: UnsupportedPrimitive(str(p), why)
+)
+rule = eval_rules.register
 
-
-def rule(name: str) -> Callable[[EvalRule], EvalRule]:
-    def deco(f: EvalRule) -> EvalRule:
-        eval_rules[name] = f
-        return f
-
-    return deco
+BINARY: dict[P.Prim, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    P.ADD: np.add, P.SUB: np.subtract, P.MUL: np.multiply, P.DIV: np.divide,
+    P.MAX: np.maximum, P.MIN: np.minimum,
+}
 
 
 def _binary(fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> EvalRule:
@@ -35,53 +37,47 @@ def _binary(fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> EvalRule:
     return f
 
 
-eval_rules.update(
-    Add=_binary(np.add),
-    Sub=_binary(np.subtract),
-    Mul=_binary(np.multiply),
-    Div=_binary(np.divide),
-    Max=_binary(np.maximum),
-    Min=_binary(np.minimum),
-)
+for _prim, _fn in BINARY.items():
+    rule(_prim)(_binary(_fn))
 
-UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-    "Exp": np.exp,
-    "Tanh": np.tanh,
-    "Neg": np.negative,
-    "Rsqrt": lambda x: np.reciprocal(np.sqrt(x)),
-    "Sqrt": np.sqrt,
-    "Log": np.log,
-    "Abs": np.abs,
-    "Recip": np.reciprocal,
+UNARY: dict[UnaryOp, Callable[[np.ndarray], np.ndarray]] = {
+    UnaryOp.EXP: np.exp,
+    UnaryOp.TANH: np.tanh,
+    UnaryOp.NEG: np.negative,
+    UnaryOp.RSQRT: lambda x: np.reciprocal(np.sqrt(x)),
+    UnaryOp.SQRT: np.sqrt,
+    UnaryOp.LOG: np.log,
+    UnaryOp.ABS: np.abs,
+    UnaryOp.RECIP: np.reciprocal,
 }
-COMPARE: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
-    "Lt": np.less, "Le": np.less_equal, "Gt": np.greater, "Ge": np.greater_equal,
-    "Eq": np.equal, "Ne": np.not_equal,
+COMPARE: dict[CompareOp, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    CompareOp.LT: np.less, CompareOp.LE: np.less_equal, CompareOp.GT: np.greater,
+    CompareOp.GE: np.greater_equal, CompareOp.EQ: np.equal, CompareOp.NE: np.not_equal,
 }
 
 
-@rule("Unary")
+@rule(P.UNARY)
 def _unary(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
     with np.errstate(all="ignore"):
         return UNARY[p["op"]](xs[0])
 
 
-@rule("Compare")
+@rule(P.COMPARE)
 def _compare(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
     return COMPARE[p["op"]](xs[0], xs[1])
 
 
-@rule("Select")
+@rule(P.SELECT)
 def _select(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
     return np.where(xs[0], xs[1], xs[2])
 
 
-@rule("Convert")
+@rule(P.CONVERT)
 def _convert(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
     return xs[0].astype(p["dtype"].numpy)
 
 
-@rule("Iota")
+@rule(P.IOTA)
 def _iota(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
     shape, axis = tuple(p["shape"]), p["axis"]
     r = np.arange(shape[axis], dtype=p["dtype"].numpy)
@@ -90,45 +86,50 @@ def _iota(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
     return np.broadcast_to(r.reshape(view), shape).copy()
 
 
-@rule("Reshape")
+@rule(P.COPY)
+def _copy(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
+    return xs[0].copy()
+
+
+@rule(P.RESHAPE)
 def _reshape(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
     return xs[0].reshape(p["shape"])
 
 
-@rule("Broadcast")
+@rule(P.BROADCAST)
 def _broadcast(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
     return np.broadcast_to(xs[0], p["shape"]).copy()
 
 
-@rule("Transpose")
+@rule(P.TRANSPOSE)
 def _transpose(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
     return np.ascontiguousarray(np.transpose(xs[0], p["perm"]))
 
 
-@rule("Slice")
+@rule(P.SLICE)
 def _slice(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
     return xs[0][tuple(slice(s, e) for s, e in zip(p["start"], p["limit"], strict=True))].copy()
 
 
-@rule("Concat")
+@rule(P.CONCAT)
 def _concat(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
     return np.concatenate(xs, axis=p["axis"])
 
 
-@rule("MatMul")
+@rule(P.MATMUL)
 def _matmul(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
     with np.errstate(all="ignore"):
         return np.matmul(xs[0], xs[1])
 
 
-@rule("Reduce")
+@rule(P.REDUCE)
 def _reduce(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
-    fn = np.max if p["op"] == "Max" else np.sum
+    fn = np.max if p["op"] is ReduceOp.MAX else np.sum
     with np.errstate(all="ignore"):
         return fn(xs[0], axis=p["axis"], keepdims=p["keepdim"])
 
 
-@rule("DynamicUpdateSlice")
+@rule(P.DYNAMIC_UPDATE_SLICE)
 def _dus(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
     operand, update, *starts = xs
     out = operand.copy()
@@ -140,11 +141,12 @@ def _dus(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
     return out
 
 
-@rule("Attention")
+@rule(P.ATTENTION)
 def _attention(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
     """The fused op, computed by the very rules of the chain it replaced (bit-identical)."""
     q, k, v, *rest = xs
-    n_rep = p["n_rep"]
+    form = p["form"]
+    n_rep = form.n_rep
 
     def rep(x: np.ndarray) -> np.ndarray:
         if n_rep == 1:
@@ -155,19 +157,18 @@ def _attention(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
         return _reshape([y], Params(shape=(b, h * n_rep, length, d)))
 
     f32 = q.dtype.type
-    s = _matmul([q, _transpose([rep(k)], Params(perm=(0, 1, 3, 2)))], Params())
-    s = eval_rules["Mul"]([s, f32(p["scale"])], Params())
-    if p["softcap"] is not None:
-        cap = f32(p["softcap"])
-        s = eval_rules["Div"]([s, cap], Params())
-        s = eval_rules["Mul"]([_unary([s], Params(op="Tanh")), cap], Params())
+    mul, div, none = eval_rules[P.MUL], eval_rules[P.DIV], Params()
+    s = _matmul([q, _transpose([rep(k)], Params(perm=(0, 1, 3, 2)))], none)
+    s = mul([s, f32(form.scale)], none)
+    if form.softcap is not None:
+        cap = f32(form.softcap)
+        s = mul([_unary([div([s, cap], none)], Params(op=UnaryOp.TANH)), cap], none)
     if rest:
-        s = eval_rules["Add"]([s, rest[0]], Params())
-    m = _reduce([s], Params(op="Max", axis=3, keepdim=True))
-    ex = _unary([eval_rules["Sub"]([s, m], Params())], Params(op="Exp"))
-    den = _reduce([ex], Params(op="Sum", axis=3, keepdim=True))
-    pr = eval_rules["Div"]([ex, den], Params())
-    return _matmul([pr, rep(v)], Params())
+        s = eval_rules[P.ADD]([s, rest[0]], none)
+    m = _reduce([s], Params(op=ReduceOp.MAX, axis=3, keepdim=True))
+    ex = _unary([eval_rules[P.SUB]([s, m], none)], Params(op=UnaryOp.EXP))
+    den = _reduce([ex], Params(op=ReduceOp.SUM, axis=3, keepdim=True))
+    return _matmul([div([ex, den], none), rep(v)], none)
 
 
 def _literal(v: Literal) -> np.ndarray:
@@ -181,20 +182,21 @@ def eval_eqn(e: Eqn, args: Sequence[np.ndarray]) -> list[np.ndarray]:
 
 
 def evaluate(g: Graph, inputs: Mapping[str, object]) -> dict[str, np.ndarray]:
-    """Run ``g`` on bound inputs; returns exports, state outputs and validation witnesses."""
+    """Run ``g`` on bound inputs; returns exports, state outputs and validation witnesses.
+
+    Values are dropped after their last use (``Graph.use_info``, the walk the arena's
+    liveness reads too)."""
     env: dict[Var, np.ndarray] = {}
     for name, arr in check_bind(g, inputs).items():
         env[g.slot(name).var] = arr
-    keep = set(g.outputs().values())
-    last_use: dict[Var, int] = {}
-    for i, e in enumerate(g.eqns):
-        for v in e.inputs:
-            last_use[v] = i
+    for name, arr in g.constants.items():
+        env[g.slot(name).var] = arr
+    info = g.use_info()
     for i, e in enumerate(g.eqns):
         args = [_literal(v) if isinstance(v, Literal) else env[v] for v in e.inputs]
         for o, val in zip(e.outputs, eval_eqn(e, args), strict=True):
             env[o] = val
         for v in e.inputs:
-            if last_use.get(v) == i and v not in keep and not isinstance(v, Literal):
+            if info.last_use(v) == i and v not in info.observed and not isinstance(v, Literal):
                 env.pop(v, None)
     return {name: env[v] for name, v in g.outputs().items()}

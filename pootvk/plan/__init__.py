@@ -1,12 +1,16 @@
-"""Planning for one device: requests, schedules, buffer locations; no GLSL, no handles."""
+"""Planning for one device: rules, requests, schedules, buffer locations; no GLSL, no
+handles."""
 
-from .planner import PRIM_KERNELS, BufferSpec, Kernel, Location, Plan, plan_graph
+from .bindings import Access, Binding, BufferRole, Scratch
+from .planner import BoundOperand, BufferSpec, Kernel, Location, Plan, plan_graph
 from .profile import DeviceProfile, recorded_profile, recorded_profiles
 from .requests import AttentionRequest, KernelRequest, LiteralOperand, PrimRequest, fold_grid
+from .rules import KernelCall, PlanContext, RuleResult, plan_rules
 from .schedule import choose_lanes
 
 __all__ = [
-    "PRIM_KERNELS", "AttentionRequest", "BufferSpec", "DeviceProfile", "Kernel",
-    "KernelRequest", "LiteralOperand", "Location", "Plan", "PrimRequest", "choose_lanes",
-    "fold_grid", "plan_graph", "recorded_profile", "recorded_profiles",
+    "Access", "AttentionRequest", "Binding", "BoundOperand", "BufferRole", "BufferSpec",
+    "DeviceProfile", "Kernel", "KernelCall", "KernelRequest", "LiteralOperand", "Location",
+    "Plan", "PlanContext", "PrimRequest", "RuleResult", "Scratch", "choose_lanes",
+    "fold_grid", "plan_graph", "plan_rules", "recorded_profile", "recorded_profiles",
 ]

@@ -1,29 +1,23 @@
 """The planner: a compiled graph and a device profile in, a ``Plan`` out.
 
-A plan says, for every eqn, which kernel request runs it and which buffer ranges it binds;
-where every value lives (its own slot buffer, its state buffer, an export buffer, or a
-coloured arena slot); and the arena's size. Planning needs no device: a recorded profile
-will do. A refusal raises a typed error before any plan object exists.
+The planner applies one plan rule per eqn (``plan.rules``), which gives the kernel schedule
+and the scratch each eqn declares; fixes where slots, states and exports live; colours
+every other value and all scratch into arena buffers by liveness over kernel indices
+(``arena.kernel_items``); and binds each kernel operand to a byte range. Planning needs no
+device: a recorded profile will do. A refusal raises a typed error before any plan exists.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..arena import ArenaLayout, Item, colour
+from ..arena import ArenaLayout, colour, kernel_items
 from ..errors import BindingRange, DtypeLowering, UnsupportedPrimitive
-from ..ir import BF16, F16, Graph, Literal, Params, SlotKind, Var
+from ..ir import BF16, F16, Graph, SlotKind, Var
+from .bindings import Binding, BufferRole, Scratch
 from .profile import DeviceProfile
-from .requests import KernelRequest, LiteralOperand, PrimRequest, fold_grid
-from .schedule import attention_request
-
-PRIM_WORKGROUP = 64
-# Primitives with a generated kernel (shaders.glsl_rules must cover exactly these).
-PRIM_KERNELS = frozenset({
-    "Add", "Sub", "Mul", "Div", "Max", "Min", "Unary", "Compare", "Select", "Convert",
-    "Iota", "Reshape", "Broadcast", "Transpose", "Slice", "Concat", "MatMul", "Reduce",
-    "DynamicUpdateSlice", "Copy",
-})
+from .requests import KernelRequest
+from .rules import KernelCall, PlanContext, plan_rules
 
 
 @dataclass(frozen=True)
@@ -42,16 +36,29 @@ class Location:
 class BufferSpec:
     name: str
     nbytes: int
-    role: str  # input | param | state | export | arena
+    role: BufferRole
     slot: str | None = None
+
+
+@dataclass(frozen=True)
+class BoundOperand:
+    """One binding of a kernel resolved: what the kernel declares and where it lives."""
+
+    binding: Binding
+    location: Location
+    role: BufferRole
 
 
 @dataclass(frozen=True)
 class Kernel:
     request: KernelRequest
-    operands: tuple[Location, ...]  # binding order: inputs (literals omitted), then output
+    bindings: tuple[BoundOperand, ...]  # the request's bindings(), in order
     eqn: int
     label: str
+
+    @property
+    def operands(self) -> tuple[Location, ...]:
+        return tuple(b.location for b in self.bindings)
 
 
 @dataclass
@@ -69,7 +76,7 @@ class Plan:
         """Everything the recorded command buffer depends on."""
         return (
             tuple((k.request, k.operands) for k in self.kernels),
-            tuple(sorted((b.name, b.nbytes, b.role) for b in self.buffers.values())),
+            tuple(sorted((b.name, b.nbytes, b.role.value) for b in self.buffers.values())),
         )
 
     def __str__(self) -> str:
@@ -78,85 +85,65 @@ class Plan:
             f"arena peak {self.arena.peak_bytes} bytes"
         ]
         for i, k in enumerate(self.kernels):
-            ops = " ".join(map(str, k.operands))
+            ops = " ".join(
+                f"{b.binding.name}{'=' if b.binding.access.reads else '>'}{b.location}"
+                for b in k.bindings
+            )
             lines.append(f"  k{i} [eqn {k.eqn}] {k.request.describe()}")
             lines.append(f"       binds {ops}")
         lines.append("buffers:")
         for b in self.buffers.values():
-            lines.append(f"  {b.name:<20} {b.role:<6} {b.nbytes:>12d} B")
+            lines.append(f"  {b.name:<20} {b.role.value:<7} {b.nbytes:>12d} B")
         lines.append(str(self.arena))
         return "\n".join(lines)
 
 
-def _slot_buffer(kind: SlotKind, name: str) -> tuple[str, str]:
-    if kind is SlotKind.STATE:
-        return f"state:{name}", "state"
-    if kind is SlotKind.PARAM:
-        return f"param:{name}", "param"
-    return f"in:{name}", "input"
+SLOT_ROLES: dict[SlotKind, tuple[str, BufferRole]] = {
+    SlotKind.STATE: ("state", BufferRole.STATE),
+    SlotKind.PARAM: ("param", BufferRole.PARAM),
+    SlotKind.CONST: ("const", BufferRole.CONST),
+}
 
 
-def _locate(
+def _fixed_locations(
     g: Graph, profile: DeviceProfile
-) -> tuple[dict[Var, Location], dict[str, BufferSpec], ArenaLayout]:
+) -> tuple[dict[Var, Location], dict[Var, BufferRole], dict[str, BufferSpec]]:
+    """Slots, state outputs (in place over their slot), exports and witnesses: everything
+    whose buffer does not depend on the schedule."""
     locs: dict[Var, Location] = {}
+    roles: dict[Var, BufferRole] = {}
     bufs: dict[str, BufferSpec] = {}
     for s in g.slots:
-        name, role = _slot_buffer(s.kind, s.name)
+        prefix, role = SLOT_ROLES.get(s.kind, ("in", BufferRole.INPUT))
+        name = f"{prefix}:{s.name}"
         bufs[name] = BufferSpec(name, s.var.nbytes, role, s.name)
-        locs[s.var] = Location(name, 0, s.var.nbytes)
+        locs[s.var], roles[s.var] = Location(name, 0, s.var.nbytes), role
     for name, v in g.states.items():
         if v not in locs:
-            locs[v] = locs[g.slot(name).var]
-    for name, v in {**g.exports, **g.validations}.items():
+            locs[v], roles[v] = locs[g.slot(name).var], BufferRole.STATE
+    outs = [(n, v, BufferRole.EXPORT) for n, v in g.exports.items()]
+    outs += [(n, v, BufferRole.WITNESS) for n, v in g.validations.items()]
+    for name, v, role in outs:
         if v not in locs:
-            bufs[f"out:{name}"] = BufferSpec(f"out:{name}", v.nbytes, "export", name)
-            locs[v] = Location(f"out:{name}", 0, v.nbytes)
+            bufs[f"out:{name}"] = BufferSpec(f"out:{name}", v.nbytes, role, name)
+            locs[v], roles[v] = Location(f"out:{name}", 0, v.nbytes), role
     for b in bufs.values():
         if b.nbytes > profile.max_storage_buffer_range:
             raise BindingRange(b.name, b.nbytes, profile.max_storage_buffer_range)
-
-    first: dict[Var, int] = {}
-    last: dict[Var, int] = {}
-    for i, e in enumerate(g.eqns):
-        for o in e.outputs:
-            first.setdefault(o, i)
-            last.setdefault(o, i)
-        for v in e.inputs:
-            if v in first:
-                last[v] = i
-    names = {v: f"v{i}" for i, v in enumerate(first)}
-    items = [
-        Item(names[v], v.nbytes, first[v], last[v]) for v in first if v not in locs
-    ]
-    layout = colour(
-        items,
-        alignment=profile.min_storage_offset_alignment,
-        max_binding=profile.max_storage_buffer_range,
-        max_buffer=min(profile.max_allocation, 1 << 32),
-    )
-    for a, size in enumerate(layout.sizes):
-        bufs[f"arena{a}"] = BufferSpec(f"arena{a}", size, "arena")
-    for v, n in names.items():
-        if n in layout.placements:
-            p = layout.placements[n]
-            locs[v] = Location(f"arena{p.arena}", p.offset, v.nbytes)
-    return locs, bufs, layout
+    return locs, roles, bufs
 
 
-def _prim_request(
-    prim: str, inputs: tuple[Var, ...], out: Var, params: Params, threads: int,
-    profile: DeviceProfile,
-) -> PrimRequest:
-    ins = tuple(
-        LiteralOperand(v.value, v.dtype) if isinstance(v, Literal) else (v.shape, v.dtype)
-        for v in inputs
-    )
-    groups = -(-max(threads, 1) // PRIM_WORKGROUP)
-    return PrimRequest(
-        prim=prim, params=params, inputs=ins, output=(out.shape, out.dtype),
-        threads=threads, local_size=PRIM_WORKGROUP, grid=fold_grid(groups, profile.max_grid),
-    )
+def _check_state_order(g: Graph) -> None:
+    """An eqn writing a state buffer must come after every read of the state's old value."""
+    info = g.use_info()
+    for name, v in g.states.items():
+        prod = info.producer.get(v)
+        late = [u for u in info.users.get(g.slot(name).var, []) if prod is not None and u > prod]
+        if late:
+            raise UnsupportedPrimitive(
+                str(g.eqns[prod].prim),  # type: ignore[index]
+                f"state {name!r} is read by {g.eqns[late[0]].prim} after its in-place update",
+            )
 
 
 def plan_graph(g: Graph, profile: DeviceProfile) -> Plan:
@@ -164,44 +151,47 @@ def plan_graph(g: Graph, profile: DeviceProfile) -> Plan:
     for e in g.eqns:
         for v in (*e.inputs, *e.outputs):
             if v.dtype in (F16, BF16):
-                raise DtypeLowering(e.prim, v.dtype.value)
-        if e.prim != "Attention" and e.prim not in PRIM_KERNELS:
-            raise UnsupportedPrimitive(e.prim, "no kernel generator for this primitive")
-    locs, bufs, layout = _locate(g, profile)
+                raise DtypeLowering(str(e.prim), v.dtype.value)
+        if e.prim not in plan_rules:
+            plan_rules[e.prim]  # raises UnsupportedPrimitive naming it
+    _check_state_order(g)
+    locs, roles, bufs = _fixed_locations(g, profile)
+    ctx = PlanContext(profile, lambda a, b: a in locs and locs.get(a) == locs.get(b))
 
-    # An eqn writing a state buffer must come after every read of the state's old value.
-    uses = g.uses()
-    order = {id(e): i for i, e in enumerate(g.eqns)}
-    for name, v in g.states.items():
-        slot_var = g.slot(name).var
-        prod = g.producers().get(v)
-        if prod is None:
-            continue
-        late = [u for u in uses.get(slot_var, []) if order[id(u)] > order[id(prod)]]
-        if late:
-            raise UnsupportedPrimitive(
-                prod.prim, f"state {name!r} is read by {late[0].prim} after its in-place update"
-            )
-
-    kernels: list[Kernel] = []
+    calls: list[tuple[int, KernelCall]] = []
+    scratch: dict[Scratch, int] = {}
     for i, e in enumerate(g.eqns):
-        if e.prim == "Attention":
-            req: KernelRequest = attention_request(e, profile)
-            ops = tuple(locs[v] for v in e.inputs) + (locs[e.out],)
-            kernels.append(Kernel(req, ops, i, "attention"))
-            continue
-        if e.prim == "DynamicUpdateSlice":
-            operand, update, *starts = e.inputs
-            if locs.get(operand) != locs[e.out]:  # not in place: copy the operand first
-                cp = _prim_request("Copy", (operand,), e.out, Params(), operand.size, profile)
-                kernels.append(Kernel(cp, (locs[operand], locs[e.out]), i, "copy"))
-            req = _prim_request(e.prim, e.inputs, e.out, e.params, update.size, profile)
-            ops = tuple(locs[v] for v in (update, *starts) if not isinstance(v, Literal))
-            kernels.append(Kernel(req, ops + (locs[e.out],), i, e.prim))
-            continue
-        req = _prim_request(e.prim, e.inputs, e.out, e.params, e.out.size, profile)
-        ops = tuple(locs[v] for v in e.inputs if not isinstance(v, Literal))
-        kernels.append(Kernel(req, ops + (locs[e.out],), i, e.prim))
+        res = plan_rules[e.prim](e, ctx)
+        calls += [(i, c) for c in res.kernels]
+        scratch.update((s, i) for s in res.scratch)
 
+    items, names = kernel_items(
+        g.use_info(), [i for i, _ in calls], fixed=set(locs), scratch=scratch
+    )
+    layout = colour(
+        items,
+        alignment=profile.min_storage_offset_alignment,
+        max_binding=profile.max_storage_buffer_range,
+        max_buffer=min(profile.max_allocation, 1 << 32),
+    )
+    for a, size in enumerate(layout.sizes):
+        bufs[f"arena{a}"] = BufferSpec(f"arena{a}", size, BufferRole.ARENA)
+    scratch_locs: dict[Scratch, Location] = {}
+    for obj, n in names.items():
+        p = layout.placements[n]
+        loc = Location(f"arena{p.arena}", p.offset, p.item.nbytes)
+        if isinstance(obj, Scratch):
+            scratch_locs[obj] = loc
+        else:
+            locs[obj], roles[obj] = loc, BufferRole.ARENA
+    kernels = []
+    for i, c in calls:
+        bound = []
+        for b, op in zip(c.request.bindings(), c.operands, strict=True):
+            if isinstance(op, Scratch):
+                bound.append(BoundOperand(b, scratch_locs[op], BufferRole.SCRATCH))
+            else:
+                bound.append(BoundOperand(b, locs[op], roles[op]))
+        kernels.append(Kernel(c.request, tuple(bound), i, c.label))
     outputs = {name: locs[v] for name, v in g.outputs().items()}
     return Plan(g, profile, kernels, bufs, locs, layout, outputs)

@@ -10,7 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import GridLimit
-from ..ir import DType, Params
+from ..ir import F32, DType, Params, Prim
+from ..ir.prims import DYNAMIC_UPDATE_SLICE
+from .bindings import Access, Binding
 
 Aval = tuple[tuple[int, ...], DType]
 
@@ -40,7 +42,10 @@ class AttentionRequest:
     grid: tuple[int, int]
     keys_per_step: int = 2  # keys a lane takes per loop step (its loads all in flight)
 
-    family = "attention"
+    def bindings(self) -> tuple[Binding, ...]:
+        r = Access.READ
+        names = ("q", "k", "v", "mask") if self.mask is not None else ("q", "k", "v")
+        return (*(Binding(n, r, F32) for n in names), Binding("o", Access.WRITE, F32))
 
     @property
     def n_rep(self) -> int:
@@ -74,7 +79,7 @@ class AttentionRequest:
 class PrimRequest:
     """A primitive kernel: one invocation per output element (per update element for DUS)."""
 
-    prim: str
+    prim: Prim
     params: Params
     inputs: tuple[Aval | LiteralOperand, ...]
     output: Aval
@@ -82,7 +87,22 @@ class PrimRequest:
     local_size: int
     grid: tuple[int, int]
 
-    family = "prim"
+    @property
+    def bound_inputs(self) -> tuple[int, ...]:
+        """Indices of the inputs that are buffers. DynamicUpdateSlice runs in place on its
+        output, so its operand (input 0) is not bound."""
+        skip = 0 if self.prim is DYNAMIC_UPDATE_SLICE else -1
+        return tuple(
+            j for j, op in enumerate(self.inputs)
+            if not isinstance(op, LiteralOperand) and j != skip
+        )
+
+    def bindings(self) -> tuple[Binding, ...]:
+        ins = tuple(
+            Binding(f"x{j}", Access.READ, self.inputs[j][1])  # type: ignore[index]
+            for j in self.bound_inputs
+        )
+        return (*ins, Binding("y", Access.WRITE, self.output[1]))
 
     def describe(self) -> str:
         ps = " ".join(f"{k}={v}" for k, v in self.params.items())

@@ -14,51 +14,68 @@ A lane takes ``keys_per_step`` of its keys per loop step (t, t + lanes, ...): th
 are all in flight together and the accumulator is rescaled once per step, not per key. The
 key-to-lane assignment and the order each lane sees its keys are unchanged.
 
-Bindings: q, k, v, [mask], out. With ``vec == 4`` q/k/v/out are read as vec4.
+Bindings: the request's ``bindings()`` (q, k, v, [mask], o); with ``vec == 4`` q/k/v/o are
+read as vec4. The kernel is composed of named parts that later schedules reuse: bindings,
+indexing (which rows a workgroup owns), the score transform (scale, softcap, mask), the
+online update (running max, denominator, accumulator), the fold across lanes, and the
+epilogue (normalise and store).
 """
 
 from __future__ import annotations
 
 from ..plan.requests import AttentionRequest
-from .common import buffer_block, float_lit, group_id, header
+from .common import declare_bindings, float_lit, group_id, header
+from .table import generators
 
 UNROLL = "#extension GL_EXT_control_flow_attributes : require\n"
+NEG_INF = float_lit(float("-inf"))
 
 
-def generate_attention(r: AttentionRequest) -> str:
-    w = r.vec
-    t = "vec4" if w == 4 else "float"
-    dk, dv = r.dk // w, r.dv // w
-    neg_inf = float_lit(float("-inf"))
-    binds = [
-        buffer_block(0, "q", t, readonly=True),
-        buffer_block(1, "k", t, readonly=True),
-        buffer_block(2, "v", t, readonly=True),
-    ]
+def _vec(r: AttentionRequest) -> str:
+    return "vec4" if r.vec == 4 else "float"
+
+
+def bindings_part(r: AttentionRequest) -> str:
+    t = _vec(r)
+    return declare_bindings(r.bindings(), {"q": t, "k": t, "v": t, "o": t})
+
+
+def indexing_part(r: AttentionRequest) -> str:
+    """Which (batch, head, query row) this workgroup owns, and where its q, k/v rows start."""
+    return f"""    uint wg = {group_id(r.grid[0])};
+    if (wg >= {r.workgroups}u) return;  // uniform over the workgroup: before any barrier
+    uint row = wg % {r.lq}u;
+    uint h = (wg / {r.lq}u) % {r.hq}u;
+    uint b = wg / {r.lq * r.hq}u;
+    uint g = h / {r.n_rep}u;
+    uint lane = gl_LocalInvocationID.x;
+    uint qb = ((b * {r.hq}u + h) * {r.lq}u + row) * DK;
+    uint kbase = (b * {r.hkv}u + g) * {r.lk}u;
+"""
+
+
+def score_transform(r: AttentionRequest, s: str, t: str, indent: str = "        ") -> list[str]:
+    """Scale, softcap, then the additive mask, applied to score ``s`` of key index ``t``."""
+    lines = [f"{s} *= {float_lit(r.scale)};"]
+    if r.softcap is not None:
+        cap = float_lit(r.softcap)
+        lines.append(f"{s} = {cap} * tanh(clamp({s} / {cap}, -15.0, 15.0));")
     if r.mask is not None:
-        binds.append(buffer_block(3, "mask", "float", readonly=True))
-    binds.append(buffer_block(4 if r.mask is not None else 3, "o", t, readonly=False))
+        mb, mh, mq = r.mask
+        mrow = (
+            f"(({'b' if mb > 1 else '0u'} * {mh}u + {'h' if mh > 1 else '0u'}) * {mq}u"
+            f" + {'row' if mq > 1 else '0u'}) * {r.lk}u"
+        )
+        lines.append(f"{s} += mask[{mrow} + {t}];")
+    return [indent + x for x in lines]
 
-    kps = r.keys_per_step
-    keys = range(kps)
 
-    def score(j: int) -> str:
-        lines = [f"s{j} *= {float_lit(r.scale)};"]
-        if r.softcap is not None:
-            cap = float_lit(r.softcap)
-            lines.append(f"s{j} = {cap} * tanh(clamp(s{j} / {cap}, -15.0, 15.0));")
-        if r.mask is not None:
-            mb, mh, mq = r.mask
-            mrow = (
-                f"(({'b' if mb > 1 else '0u'} * {mh}u + {'h' if mh > 1 else '0u'}) * {mq}u"
-                f" + {'row' if mq > 1 else '0u'}) * {r.lk}u"
-            )
-            lines.append(f"s{j} += mask[{mrow} + t{j}];")
-        if j:  # a key past the end adds zero weight (its reads were clamped to a valid row)
-            lines.append(f"if (!ok{j}) s{j} = NEG_INF;")
-        return "\n".join("        " + x for x in lines)
-
-    dot = "dot(qd, k[kb{j} + d])" if w == 4 else "qd * k[kb{j} + d]"
+def online_update(r: AttentionRequest) -> str:
+    """One loop step of a lane: ``keys_per_step`` keys' scores, then one rescale of the
+    running (m, l, acc) and the accumulation of their value rows."""
+    t = _vec(r)
+    keys = range(r.keys_per_step)
+    dot = "dot(qd, k[kb{j} + d])" if r.vec == 4 else "qd * k[kb{j} + d]"
     body = []
     for j in keys:
         if j:
@@ -75,7 +92,9 @@ def generate_attention(r: AttentionRequest) -> str:
         body.append(f"            s{j} += {dot.format(j=j)};")
     body.append("        }")
     for j in keys:
-        body.append(score(j))
+        body += score_transform(r, f"s{j}", f"t{j}")
+        if j:  # a key past the end adds zero weight (its reads were clamped to a valid row)
+            body.append(f"        if (!ok{j}) s{j} = NEG_INF;")
     smax = "s0"
     for j in keys[1:]:
         smax = f"max({smax}, s{j})"
@@ -93,47 +112,33 @@ def generate_attention(r: AttentionRequest) -> str:
     body.append("        }")
     body.append("        m = m_new;")
     loop = "\n".join(body)
-
-    return (
-        header(r.lanes)
-        + UNROLL
-        + "".join(binds)
-        + f"""
-const uint LANES = {r.lanes}u;
-const uint DK = {dk}u;  // in units of {t}
-const uint DV = {dv}u;
-shared {t} s_acc[DV * LANES];  // [channel][lane]
-shared float s_m[LANES];
-shared float s_l[LANES];
-
-void main() {{
-    uint wg = {group_id(r.grid[0])};
-    if (wg >= {r.workgroups}u) return;  // uniform over the workgroup: before any barrier
-    uint row = wg % {r.lq}u;
-    uint h = (wg / {r.lq}u) % {r.hq}u;
-    uint b = wg / {r.lq * r.hq}u;
-    uint g = h / {r.n_rep}u;
-    uint lane = gl_LocalInvocationID.x;
-    uint qb = ((b * {r.hq}u + h) * {r.lq}u + row) * DK;
-    uint kbase = (b * {r.hkv}u + g) * {r.lk}u;
-    const float NEG_INF = {neg_inf};
-
-    for (uint c = 0u; c < DV; ++c) s_acc[c * LANES + lane] = {t}(0.0);
+    return f"""    for (uint c = 0u; c < DV; ++c) s_acc[c * LANES + lane] = {t}(0.0);
     float m = NEG_INF;
     float l = 0.0;
-    for (uint t = lane; t < {r.lk}u; t += {kps}u * LANES) {{
+    for (uint t = lane; t < {r.lk}u; t += {r.keys_per_step}u * LANES) {{
 {loop}
     }}
-    s_m[lane] = m;
+"""
+
+
+def fold_part(r: AttentionRequest) -> str:
+    """The lanes' partials to one (M, den): M = max m_i, den = sum l_i exp(m_i - M)."""
+    return """    s_m[lane] = m;
     s_l[lane] = l;
     barrier();
     float mx = NEG_INF;
     for (uint i = 0u; i < LANES; ++i) mx = max(mx, s_m[i]);
     float den = 0.0;
-    for (uint i = 0u; i < LANES; ++i) {{
+    for (uint i = 0u; i < LANES; ++i) {
         den += (s_m[i] == NEG_INF) ? 0.0 : s_l[i] * exp(s_m[i] - mx);
-    }}
-    uint ob = ((b * {r.hq}u + h) * {r.lq}u + row) * DV;
+    }
+"""
+
+
+def epilogue(r: AttentionRequest) -> str:
+    """out[c] = sum_i acc_i[c] exp(m_i - M) / den; a row that saw no key is 0/0 = NaN."""
+    t = _vec(r)
+    return f"""    uint ob = ((b * {r.hq}u + h) * {r.lq}u + row) * DV;
     for (uint c = lane; c < DV; c += LANES) {{
         {t} acc = {t}(0.0);
         for (uint i = 0u; i < LANES; ++i) {{
@@ -142,7 +147,30 @@ void main() {{
         }}
         o[ob + c] = acc / den;
     }}
-}}
 """
-    )
 
+
+@generators.register(AttentionRequest)
+def generate_attention(r: AttentionRequest) -> str:
+    t = _vec(r)
+    return (
+        header(r.lanes)
+        + UNROLL
+        + bindings_part(r)
+        + f"""
+const uint LANES = {r.lanes}u;
+const uint DK = {r.dk // r.vec}u;  // in units of {t}
+const uint DV = {r.dv // r.vec}u;
+shared {t} s_acc[DV * LANES];  // [channel][lane]
+shared float s_m[LANES];
+shared float s_l[LANES];
+
+void main() {{
+    const float NEG_INF = {NEG_INF};  // a bit pattern: not a constant expression globally
+"""
+        + indexing_part(r)
+        + online_update(r)
+        + fold_part(r)
+        + epilogue(r)
+        + "}\n"
+    )

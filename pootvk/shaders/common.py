@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Mapping
 
 from ..ir import DType
+from ..plan.bindings import Access, Binding
 
 GLSL_TYPE = {
     DType.F32: "float", DType.I32: "int", DType.U32: "uint", DType.BOOL: "uint",
@@ -45,6 +47,19 @@ def buffer_block(binding: int, name: str, elem: str, *, readonly: bool) -> str:
     return (
         f"layout(std430, set = 0, binding = {binding}) {access}buffer B{binding} "
         f"{{ {elem} {name}[]; }};\n"
+    )
+
+
+def declare_bindings(
+    bindings: tuple[Binding, ...], elem: Mapping[str, str] | None = None
+) -> str:
+    """Buffer blocks for a request's bindings, in order; ``elem`` overrides the element type
+    of some (vec4 views of f32 data)."""
+    over = elem or {}
+    return "".join(
+        buffer_block(i, b.name, over.get(b.name, glsl_type(b.dtype)),
+                     readonly=b.access is Access.READ)
+        for i, b in enumerate(bindings)
     )
 
 

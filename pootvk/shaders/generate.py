@@ -1,26 +1,23 @@
 """One entry point from a kernel request to GLSL, and from a plan to SPIR-V modules.
 
-The request is the cache key: equal requests (hashable, they name everything the source
-depends on) share one SPIR-V module per process, and the device shares one pipeline per
-module, so a second plan with the same shapes compiles nothing.
+Generators are found by request type in one table (``shaders.table.generators``). The
+request is the cache key: equal requests (hashable, they name everything the source depends
+on) share one SPIR-V module per process, and the device shares one pipeline per module, so a
+second plan with the same shapes compiles nothing.
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
 
-from ..plan import AttentionRequest, KernelRequest, Plan, PrimRequest
-from .attention import generate_attention
+from ..plan import KernelRequest, Plan
+from . import attention, prims  # noqa: F401  (their generators register in the table)
 from .compiler import compile_glsl
-from .prims import generate_prim
+from .table import generators
 
 
 def generate(req: KernelRequest) -> str:
-    if isinstance(req, AttentionRequest):
-        return generate_attention(req)
-    if isinstance(req, PrimRequest):
-        return generate_prim(req)
-    raise TypeError(f"no generator for {type(req).__name__}")
+    return generators[type(req)](req)
 
 
 @lru_cache(maxsize=1024)

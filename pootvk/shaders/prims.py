@@ -10,21 +10,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..ir import BOOL, F32, DType
+from ..errors import UnsupportedPrimitive
+from ..ir import BOOL, F32, CompareOp, DType, Prim, ReduceOp, RuleTable, UnaryOp
+from ..ir import prims as P
 from ..plan.requests import LiteralOperand, PrimRequest
-from .common import buffer_block, glsl_type, group_id, header, literal, strides
+from .common import declare_bindings, glsl_type, group_id, header, literal, strides
+from .table import generators
 
 Body = Callable[[PrimRequest, list[str]], str]
-glsl_rules: dict[str, Body] = {}
-
-
-def rule(*names: str) -> Callable[[Body], Body]:
-    def deco(f: Body) -> Body:
-        for n in names:
-            glsl_rules[n] = f
-        return f
-
-    return deco
+glsl_rules: RuleTable[Prim, Body] = RuleTable(
+    "glsl", lambda p, why: UnsupportedPrimitive(str(p), why)
+)
+rule = glsl_rules.register
 
 
 def _idx(i: int) -> str:
@@ -69,63 +66,63 @@ def _dtype(req: PrimRequest, j: int) -> DType:
     return op.dtype if isinstance(op, LiteralOperand) else op[1]
 
 
-BINARY_EXPR = {
-    "Add": "a + b", "Sub": "a - b", "Mul": "a * b", "Div": "a / b",
-}
+BINARY_EXPR = {P.ADD: "a + b", P.SUB: "a - b", P.MUL: "a * b", P.DIV: "a / b"}
+MINMAX = {P.MAX: "max", P.MIN: "min"}
 
 
-@rule("Add", "Sub", "Mul", "Div", "Max", "Min")
+@rule(*P.BINARY)
 def _binary(req: PrimRequest, n: list[str]) -> str:
     t = glsl_type(req.output[1])
     a, b = _bcast_operand(req, n, 0), _bcast_operand(req, n, 1)
     if req.prim in BINARY_EXPR:
         expr = BINARY_EXPR[req.prim]
     elif req.output[1] is F32:  # numpy's maximum/minimum propagate NaN; GLSL's max does not
-        f = "max" if req.prim == "Max" else "min"
-        expr = f"(isnan(a) || isnan(b)) ? a + b : {f}(a, b)"
+        expr = f"(isnan(a) || isnan(b)) ? a + b : {MINMAX[req.prim]}(a, b)"
     else:
-        expr = f"{'max' if req.prim == 'Max' else 'min'}(a, b)"
+        expr = f"{MINMAX[req.prim]}(a, b)"
     return f"    {t} a = {a};\n    {t} b = {b};\n    y[gid] = {expr};"
 
 
 UNARY_EXPR = {
-    "Exp": "exp(x)",
-    # tanh saturates to +-1 in f32 past |x| = 9; clamping keeps drivers' exp-based tanh finite
-    "Tanh": "tanh(clamp(x, -15.0, 15.0))",
-    "Neg": "-x",
-    "Rsqrt": "inversesqrt(x)",
-    "Sqrt": "sqrt(x)",
-    "Log": "log(x)",
-    "Abs": "abs(x)",
-    "Recip": "1.0 / x",
+    UnaryOp.EXP: "exp(x)",
+    # tanh saturates to +-1 in f32 past |x| = 9; clamping keeps drivers' exp-based tanh
+    # finite, and a NaN stays NaN (clamp of NaN is undefined)
+    UnaryOp.TANH: "isnan(x) ? x : tanh(clamp(x, -15.0, 15.0))",
+    UnaryOp.NEG: "-x",
+    UnaryOp.RSQRT: "inversesqrt(x)",
+    UnaryOp.SQRT: "sqrt(x)",
+    UnaryOp.LOG: "log(x)",
+    UnaryOp.ABS: "abs(x)",
+    UnaryOp.RECIP: "1.0 / x",
 }
 
 
-@rule("Unary")
+@rule(P.UNARY)
 def _unary(req: PrimRequest, n: list[str]) -> str:
     t = glsl_type(req.output[1])
     expr = UNARY_EXPR[req.params["op"]]
-    if req.params["op"] == "Tanh":
-        expr = f"isnan(x) ? x : {expr}"
     return f"    {t} x = {_operand(req, n, 0, 'gid')};\n    y[gid] = {expr};"
 
 
-CMP = {"Lt": "<", "Le": "<=", "Gt": ">", "Ge": ">=", "Eq": "==", "Ne": "!="}
+CMP = {
+    CompareOp.LT: "<", CompareOp.LE: "<=", CompareOp.GT: ">", CompareOp.GE: ">=",
+    CompareOp.EQ: "==", CompareOp.NE: "!=",
+}
 
 
-@rule("Compare")
+@rule(P.COMPARE)
 def _compare(req: PrimRequest, n: list[str]) -> str:
     a, b = _bcast_operand(req, n, 0), _bcast_operand(req, n, 1)
     return f"    y[gid] = ({a} {CMP[req.params['op']]} {b}) ? 1u : 0u;"
 
 
-@rule("Select")
+@rule(P.SELECT)
 def _select(req: PrimRequest, n: list[str]) -> str:
     p, a, b = (_bcast_operand(req, n, j) for j in range(3))
     return f"    y[gid] = ({p} != 0u) ? {a} : {b};"
 
 
-@rule("Convert")
+@rule(P.CONVERT)
 def _convert(req: PrimRequest, n: list[str]) -> str:
     src, dst = _dtype(req, 0), req.output[1]
     x = _operand(req, n, 0, "gid")
@@ -134,22 +131,22 @@ def _convert(req: PrimRequest, n: list[str]) -> str:
     return f"    y[gid] = {glsl_type(dst)}({x});"
 
 
-@rule("Iota")
+@rule(P.IOTA)
 def _iota(req: PrimRequest, n: list[str]) -> str:
     return f"    y[gid] = {glsl_type(req.output[1])}({_idx(req.params['axis'])});"
 
 
-@rule("Reshape", "Copy")
+@rule(P.RESHAPE, P.COPY)
 def _copy(req: PrimRequest, n: list[str]) -> str:
     return f"    y[gid] = {_operand(req, n, 0, 'gid')};"
 
 
-@rule("Broadcast")
+@rule(P.BROADCAST)
 def _broadcast(req: PrimRequest, n: list[str]) -> str:
     return f"    y[gid] = {_bcast_operand(req, n, 0)};"
 
 
-@rule("Transpose")
+@rule(P.TRANSPOSE)
 def _transpose(req: PrimRequest, n: list[str]) -> str:
     in_shape = req.inputs[0][0]
     st = strides(in_shape)
@@ -158,14 +155,14 @@ def _transpose(req: PrimRequest, n: list[str]) -> str:
     return f"    y[gid] = {n[0]}[{' + '.join(terms) or '0u'}];"
 
 
-@rule("Slice")
+@rule(P.SLICE)
 def _slice(req: PrimRequest, n: list[str]) -> str:
     st = strides(req.inputs[0][0])
     terms = [f"({_idx(d)} + {s}u) * {st[d]}u" for d, s in enumerate(req.params["start"])]
     return f"    y[gid] = {n[0]}[{' + '.join(terms) or '0u'}];"
 
 
-@rule("Concat")
+@rule(P.CONCAT)
 def _concat(req: PrimRequest, n: list[str]) -> str:
     axis = req.params["axis"]
     lines, base = [], 0
@@ -181,7 +178,7 @@ def _concat(req: PrimRequest, n: list[str]) -> str:
     return "\n".join(lines)
 
 
-@rule("MatMul")
+@rule(P.MATMUL)
 def _matmul(req: PrimRequest, n: list[str]) -> str:
     (sa, _), (sb, _) = req.inputs[0], req.inputs[1]
     out = req.output[0]
@@ -207,7 +204,7 @@ def _matmul(req: PrimRequest, n: list[str]) -> str:
     )
 
 
-@rule("Reduce")
+@rule(P.REDUCE)
 def _reduce(req: PrimRequest, n: list[str]) -> str:
     (shape, dt) = req.inputs[0]
     axis, keep = req.params["axis"], req.params["keepdim"]
@@ -220,7 +217,7 @@ def _reduce(req: PrimRequest, n: list[str]) -> str:
     base = " + ".join(terms) if terms else "0u"
     t = glsl_type(dt)
     x = f"{n[0]}[base + j * {st[axis]}u]"
-    if req.params["op"] == "Sum":
+    if req.params["op"] is ReduceOp.SUM:
         init, step = f"{t}(0)", f"acc += {x};"
     elif dt is F32:
         init = literal(float("-inf"), F32)
@@ -233,7 +230,7 @@ def _reduce(req: PrimRequest, n: list[str]) -> str:
     )
 
 
-@rule("DynamicUpdateSlice")
+@rule(P.DYNAMIC_UPDATE_SLICE)
 def _dus(req: PrimRequest, n: list[str]) -> str:
     (oshape, _), (ushape, _) = req.inputs[0], req.inputs[1]
     ost = strides(oshape)
@@ -248,28 +245,18 @@ def _dus(req: PrimRequest, n: list[str]) -> str:
     return "\n".join(lines)
 
 
+@generators.register(PrimRequest)
 def generate_prim(req: PrimRequest) -> str:
-    """GLSL source for a primitive request (bindings: bound inputs in order, then y)."""
-    names: list[str] = []
-    decls = []
-    binding = 0
-    # DynamicUpdateSlice runs in place on its output: the operand is not bound.
-    skip = {0} if req.prim == "DynamicUpdateSlice" else set()
-    for j, op in enumerate(req.inputs):
-        if isinstance(op, LiteralOperand) or j in skip:
-            names.append("")
-            continue
-        name = f"x{j}"
-        decls.append(buffer_block(binding, name, glsl_type(op[1]), readonly=True))
-        names.append(name)
-        binding += 1
-    out_shape, out_dt = req.output
-    decls.append(buffer_block(binding, "y", glsl_type(out_dt), readonly=False))
-    index_shape = req.inputs[1][0] if req.prim == "DynamicUpdateSlice" else out_shape
+    """GLSL source for a primitive request; its buffer blocks are ``req.bindings()``."""
+    binds = req.bindings()
+    names = [""] * len(req.inputs)
+    for j, b in zip(req.bound_inputs, binds, strict=False):
+        names[j] = b.name
+    index_shape = req.inputs[1][0] if req.prim is P.DYNAMIC_UPDATE_SLICE else req.output[0]
     body = glsl_rules[req.prim](req, names)
     return (
         header(req.local_size)
-        + "".join(decls)
+        + declare_bindings(binds)
         + "void main() {\n"
         + f"    uint gid = {group_id(req.grid[0])} * {req.local_size}u"
         + " + gl_LocalInvocationID.x;\n"

@@ -3,7 +3,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pootvk.compile import attention_rewrite, canonicalize, compile_graph
-from pootvk.ir import F16, F32
+from pootvk.ir import F16, F32, MaskKind
+from pootvk.ir import prims as P
 from pootvk.ops import Builder, attention_core, softmax, trace_attention, trace_decode_step
 from pootvk.oracle import evaluate
 from tests.helpers import random_inputs
@@ -16,14 +17,14 @@ GOLDEN = """\
     d:f32[1,2,32,16] <- state k_cache
     e:f32[1,2,32,16] <- state v_cache
     f:i32[] <- pos pos in [0, 31]
+    g:i32[1,1,1,32] <- const const0
   let
-    g:f32[1,2,32,16] = DynamicUpdateSlice d b 0:i32 0:i32 f 0:i32
-    h:f32[1,2,32,16] = DynamicUpdateSlice e c 0:i32 0:i32 f 0:i32
-    i:i32[1,1,1,32] = Iota[axis=3 dtype=i32 shape=(1, 1, 1, 32)]
-    j:bool[1,1,1,32] = Compare[op=Le] i f
+    h:f32[1,2,32,16] = DynamicUpdateSlice d b 0:i32 0:i32 f 0:i32
+    i:f32[1,2,32,16] = DynamicUpdateSlice e c 0:i32 0:i32 f 0:i32
+    j:bool[1,1,1,32] = Compare[op=Le] g f
     k:f32[1,1,1,32] = Select j 0.0:f32 -inf:f32
-    l:f32[1,8,1,16] = Attention[mask_kind=additive n_rep=4 scale=0.25 softcap=None] a g h k
-  in ( out=l, state k_cache=g, state v_cache=h ) }"""
+    l:f32[1,8,1,16] = Attention[scale=0.25 n_rep=4 mask=additive[1,1,1]] a h i k
+  in ( out=l, state k_cache=h, state v_cache=i ) }"""
 
 
 def same(a: dict, b: dict) -> bool:
@@ -33,8 +34,8 @@ def same(a: dict, b: dict) -> bool:
 def test_decode_chain_becomes_exactly_one_attention_eqn():
     g = trace_decode_step(1, 8, 2, 16, 32)
     c = compile_graph(g)
-    assert c.count("Attention") == 1
-    assert c.count("MatMul") == 0 and c.count("Reduce") == 0 and c.count("Broadcast") == 0
+    assert c.count(P.ATTENTION) == 1
+    assert c.count(P.MATMUL) == 0 and c.count(P.REDUCE) == 0 and c.count(P.BROADCAST) == 0
     assert str(c) == GOLDEN
 
 
@@ -51,10 +52,11 @@ def test_rewrite_keeps_the_oracle_answer_bit_for_bit(b, hkv, n_rep, lq, lk, dk, 
     m = None if mask is None else (b, 1 if mask == "shared" else hq, lq, lk)
     g = trace_attention((b, hq, lq, dk), (b, hkv, lk, dk), (b, hkv, lk, dv), m, softcap=softcap)
     c = compile_graph(g)
-    assert c.count("Attention") == 1 and len(c.eqns) == 1
+    assert c.count(P.ATTENTION) == 1 and len(c.eqns) == 1
     e = c.eqns[0]
-    assert e.params["n_rep"] == n_rep and e.params["softcap"] == softcap
-    assert e.params["mask_kind"] == ("none" if mask is None else "additive")
+    form = e.params["form"]
+    assert form.n_rep == n_rep and form.softcap == softcap
+    assert form.mask is (MaskKind.NONE if mask is None else MaskKind.ADDITIVE)
     ins = random_inputs(g, np.random.default_rng(seed))
     assert same(evaluate(g, ins), evaluate(c, ins))
 
@@ -63,7 +65,7 @@ def test_decode_and_prefill_graphs_keep_their_answers():
     for g in (trace_decode_step(2, 8, 2, 8, 12, softcap=20.0, alibi=True),
               trace_decode_step(1, 4, 1, 8, 12, q_rows=5)):
         c = compile_graph(g)
-        assert c.count("Attention") == 1
+        assert c.count(P.ATTENTION) == 1
         for pos in (0, 3, 7):
             ins = random_inputs(g, np.random.default_rng(pos), pos=pos)
             assert same(evaluate(g, ins), evaluate(c, ins))
@@ -89,11 +91,11 @@ def test_unsupported_variants_keep_their_primitives():
     for g in (_chain(F16), _chain(export_probs=True), _chain(scale_param=True),
               _chain(mask_rank3=True)):
         c = compile_graph(g)
-        assert c.count("Attention") == 0
-        assert c.count("MatMul") == 2
+        assert c.count(P.ATTENTION) == 0
+        assert c.count(P.MATMUL) == 2
         ins = random_inputs(g, np.random.default_rng(0))
         assert same(evaluate(g, ins), evaluate(c, ins))
-    assert compile_graph(_chain()).count("Attention") == 1
+    assert compile_graph(_chain()).count(P.ATTENTION) == 1
 
 
 def test_chain_with_commuted_literal_is_canonicalized_then_fused():
@@ -102,9 +104,9 @@ def test_chain_with_commuted_literal_is_canonicalized_then_fused():
     s = b.mul(0.5, b.matmul(q, b.transpose(k, (0, 1, 3, 2))))  # literal first
     b.export("out", b.matmul(softmax(b, s), v))
     g = b.build()
-    assert attention_rewrite(g).count("Attention") == 0  # the matcher wants canonical form
+    assert attention_rewrite(g).count(P.ATTENTION) == 0  # the matcher wants canonical form
     c = compile_graph(g)
-    assert c.count("Attention") == 1 and c.eqns[0].params["scale"] == 0.5
+    assert c.count(P.ATTENTION) == 1 and c.eqns[0].params["form"].scale == 0.5
     ins = random_inputs(g, np.random.default_rng(1))
     assert same(evaluate(g, ins), evaluate(c, ins))
 
@@ -116,13 +118,13 @@ def test_canonicalize_drops_identities_and_dead_code():
     b.exp(x)  # dead
     b.export("y", b.transpose(b.broadcast(y, (6,)), (0,)))
     c = canonicalize(b.build())
-    assert [e.prim for e in c.eqns] == ["Reshape"]
+    assert [e.prim for e in c.eqns] == [P.RESHAPE]
     assert c.eqns[0].inputs[0] is x
 
 
 def test_attention_core_scale_default():
     g = trace_attention((1, 1, 1, 64), (1, 1, 2, 64), (1, 1, 2, 64))
-    assert compile_graph(g).eqns[0].params["scale"] == 0.125
+    assert compile_graph(g).eqns[0].params["form"].scale == 0.125
     b = Builder()
     q = b.input("q", (1, 1, 1, 4))
     attention_core(b, q, q, q, scale=2.0)

@@ -3,6 +3,7 @@ import pytest
 
 from pootvk.errors import BindError, ShapeError, SlotRangeError
 from pootvk.ir import F32, I32, Eqn, Params, SlotKind, check_graph
+from pootvk.ir import prims as P
 from pootvk.ir.bind import check_bind
 from pootvk.ops import Builder, trace_decode_step
 
@@ -64,8 +65,9 @@ def test_check_graph_catches_a_mistyped_eqn():
     check_graph(g)
     e = g.eqns[-1]
     bad = Eqn(e.prim, e.inputs, e.outputs, Params(dict(e.params), extra=1))
-    check_graph(g.replace([*g.eqns[:-1], bad]))  # params alone don't change the type
-    wrong = Eqn("Reshape", (e.inputs[0],), e.outputs, Params(shape=(1, 2, 1, 8)))
+    with pytest.raises(ShapeError, match="params"):  # undeclared params are refused
+        check_graph(g.replace([*g.eqns[:-1], bad]))
+    wrong = Eqn(P.RESHAPE, (e.inputs[0],), e.outputs, Params(shape=(1, 2, 1, 8)))
     with pytest.raises(ShapeError):
         check_graph(g.replace([*g.eqns[:-1], wrong]))
 

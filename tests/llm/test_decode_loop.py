@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 from pootvk.errors import BindError, CapacityExceeded
+from pootvk.ir import prims as P
 from pootvk.llm import DecodeLoop
 from pootvk.oracle import evaluate
 from tests.helpers import nse
@@ -13,7 +14,7 @@ def test_256_steps_one_recording_every_step_matches_the_oracle(device):
     kc = np.zeros((b, hkv, cap, d), np.float32)
     vc = np.zeros_like(kc)
     with DecodeLoop(b, hq, hkv, d, cap, device=device) as loop:
-        assert loop.plan.graph.count("Attention") == 1
+        assert loop.plan.graph.count(P.ATTENTION) == 1
         worst = 0.0
         for i in range(cap):
             q = rng.standard_normal((b, hq, 1, d), dtype=np.float32)

@@ -1,6 +1,7 @@
 import pytest
 
 from pootvk.errors import ShapeError
+from pootvk.ir import prims as P
 from pootvk.ops import Builder, attention_core, trace_attention, trace_decode_step
 
 SEED_CHAIN = [
@@ -15,15 +16,15 @@ SEED_CHAIN = [
 
 
 def prims(g):
-    return [e.prim for e in g.eqns]
+    return [e.prim.name for e in g.eqns]
 
 
 def test_decode_step_is_exactly_the_seed_chain():
     g = trace_decode_step(1, 8, 2, 64, 32)
     assert prims(g) == SEED_CHAIN
-    red = [e.params["op"] for e in g.eqns if e.prim == "Reduce"]
+    red = [e.params["op"].value for e in g.eqns if e.prim is P.REDUCE]
     assert red == ["Max", "Sum"]
-    assert [e.params["op"] for e in g.eqns if e.prim == "Unary"] == ["Exp"]
+    assert [e.params["op"].value for e in g.eqns if e.prim is P.UNARY] == ["Exp"]
     assert set(g.states) == {"k_cache", "v_cache"}
     assert g.slot("pos").range == (0, 31)
 
@@ -43,7 +44,7 @@ def test_softcap_and_alibi_chain():
 
 def test_prefill_causal_mask_uses_row_iota():
     g = trace_decode_step(1, 2, 2, 8, 16, q_rows=5)
-    iotas = [e.params["axis"] for e in g.eqns if e.prim == "Iota"]
+    iotas = [e.params["axis"] for e in g.eqns if e.prim is P.IOTA]
     assert iotas == [3, 2]
     assert g.slot("pos").range == (0, 11)
 

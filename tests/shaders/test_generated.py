@@ -5,8 +5,10 @@ import shutil
 import subprocess
 
 from pootvk.compile import canonicalize, compile_graph
+from pootvk.ir import PRIMS, shape_rules
 from pootvk.ops import trace_attention, trace_decode_step
-from pootvk.plan import PRIM_KERNELS, plan_graph, recorded_profile, recorded_profiles
+from pootvk.oracle import eval_rules
+from pootvk.plan import plan_graph, plan_rules, recorded_profile, recorded_profiles
 from pootvk.shaders.compiler import compile_glsl
 from pootvk.shaders.generate import generate
 from pootvk.shaders.prims import glsl_rules
@@ -37,8 +39,11 @@ def all_sources():
 SOURCES = sorted(set(all_sources()))
 
 
-def test_sources_cover_every_primitive_kernel():
-    assert set(glsl_rules) == set(PRIM_KERNELS)
+def test_every_primitive_has_a_rule_in_every_stage():
+    for p in PRIMS.values():
+        assert p in shape_rules and p in eval_rules and p in plan_rules, p
+        assert p.fused or p in glsl_rules, p
+    assert set(glsl_rules) == {p for p in PRIMS.values() if not p.fused}
     assert len(SOURCES) > 40
 
 

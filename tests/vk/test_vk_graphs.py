@@ -6,11 +6,12 @@ import pytest
 from pootvk.compile import canonicalize, compile_graph
 from pootvk.errors import BindError, SlotRangeError
 from pootvk.ir import F32, I32, SlotKind
+from pootvk.ir import prims as P
 from pootvk.ops import Builder, trace_attention, trace_decode_step
 from pootvk.oracle import evaluate
 from pootvk.plan import plan_graph
+from pootvk.runtime.replay import Replay
 from pootvk.shaders.generate import compile_plan
-from pootvk.vk.replay import Replay
 from tests.helpers import nse, random_inputs
 
 
@@ -41,7 +42,7 @@ def run_on_device(device, g, ins, profile=None):
 def test_graph_runs_fused_and_as_primitives(device, g, fused):
     """The primitive form runs too: every primitive kernel checked through a real chain."""
     c = compile_graph(g) if fused else canonicalize(g)
-    assert (c.count("Attention") == 1) == fused
+    assert (c.count(P.ATTENTION) == 1) == fused
     ins = random_inputs(g, np.random.default_rng(4), pos=5)
     ref = evaluate(g, ins)
     out, states = run_on_device(device, c, ins)

@@ -1,5 +1,9 @@
 """Replay: a plan's buffers, pipelines and one recorded command buffer, run every step.
 
+This is the runtime's per-step glue between a ``Plan`` and the ``vk`` layer (which knows
+nothing of graphs or plans): it makes each planned buffer, tells the recorder which ranges
+each dispatch reads and writes (from the request's bindings), and binds values to slots.
+
 ``Replay.step`` checks every bound value against its slot before anything is written
 (typed errors name the slot; nothing is written or published on a refusal), writes the
 step's inputs into their mapped buffers, submits the one recording, waits on its fence and
@@ -17,10 +21,8 @@ import numpy as np
 from ..errors import BindError, GuardFailed
 from ..ir import BOOL, DType, SlotKind
 from ..ir.bind import check_bind
-from ..plan import Location, Plan
-from .device import Device
-from .memory import Buffer
-from .recorder import BufferRange, Dispatch, Recorder, Recording
+from ..plan import BufferRole, Location, Plan
+from ..vk import Buffer, BufferRange, Device, Dispatch, Recorder, Recording
 
 
 def _device_bytes(arr: np.ndarray) -> np.ndarray:
@@ -45,17 +47,19 @@ class Replay:
                 # Everything kernels read lives in device memory; a per-step input whose
                 # device memory is not mappable (a discrete GPU without ReBAR) is written to
                 # a host staging buffer and copied by the recording itself.
-                buf = device.create_buffer(n, host_visible=spec.role == "export",
+                buf = device.create_buffer(n, host_visible=spec.role.host_reads,
                                            name=spec.name)
                 self.buffers[spec.name] = buf
-                if spec.role == "input" and not buf.mapped:
+                if spec.role.host_writes_per_step and not buf.mapped:
                     self.staging[spec.name] = device.create_buffer(
                         n, host_visible=True, name=f"{spec.name}:staging"
                     )
                     uploads.append((self.staging[spec.name], buf, n))
             for spec in plan.buffers.values():
-                if spec.role == "state":
+                if spec.role is BufferRole.STATE:
                     self.buffers[spec.name].zero()
+            for name, value in plan.graph.constants.items():  # folded constants, once
+                self._slot_buffer(name).write(0, _device_bytes(value))
             dispatches = []
             for k, spv in zip(plan.kernels, spirv, strict=True):
                 pipe = device.compute_pipeline(spv, len(k.operands))
@@ -71,7 +75,7 @@ class Replay:
         except BaseException:
             self.close()
             raise
-        self._per_step = {s.name for s in plan.graph.slots if s.kind.per_step}
+        self._per_step = {s.name for s in plan.graph.slots if s.kind.per_step and s.kind.bound}
         self._params = {s.name for s in plan.graph.slots if s.kind is SlotKind.PARAM}
 
     # --- binding -------------------------------------------------------------------------------

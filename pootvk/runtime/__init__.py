@@ -10,13 +10,13 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 
-from .compile import compile_graph
-from .config import config
-from .ir import Graph
-from .plan import Plan, plan_graph
-from .shaders.generate import compile_plan
-from .vk import Device, default_device
-from .vk.replay import Replay
+from ..compile import compile_graph
+from ..config import config
+from ..ir import Graph
+from ..plan import Plan, plan_graph
+from ..shaders.generate import compile_plan
+from ..vk import Device, default_device
+from .replay import Replay
 
 log = logging.getLogger("pootvk")
 _devices: dict[object, Device] = {}
@@ -42,7 +42,7 @@ def build_plan(g: Graph, device: Device) -> Plan:
     if level >= 1:
         log.info("%s", plan)
     if level >= 2:
-        from .shaders.generate import generate
+        from ..shaders.generate import generate
 
         for i, k in enumerate(plan.kernels):
             log.info("kernel k%d (%s):\n%s", i, k.label, generate(k.request))

@@ -1,0 +1,102 @@
+"""Plan rules: one per primitive (and per fused eqn), in one table keyed by ``Prim``.
+
+A rule turns one eqn into the kernels it runs and the scratch it declares. Each kernel call
+lists its operands in the order of its request's ``bindings()``: a ``Var`` of the graph or
+a ``Scratch`` the rule declared. Locations are not known yet (the arena is coloured over the
+kernel schedule the rules produce), so rules only name operands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..errors import UnsupportedPrimitive
+from ..ir import Eqn, Literal, Params, Prim, RuleTable, Var
+from ..ir import prims as P
+from .bindings import Scratch
+from .profile import DeviceProfile
+from .requests import KernelRequest, LiteralOperand, PrimRequest, fold_grid
+from .schedule import attention_request
+
+PRIM_WORKGROUP = 64
+
+
+@dataclass(frozen=True)
+class KernelCall:
+    """One kernel a rule runs: its request, its operands (binding order) and a label."""
+
+    request: KernelRequest
+    operands: tuple[Var | Scratch, ...]
+    label: str
+
+
+@dataclass
+class RuleResult:
+    kernels: list[KernelCall]
+    scratch: list[Scratch] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PlanContext:
+    """What a rule may ask of the planner: the device, and whether two values already share
+    storage (a state output in place over its slot)."""
+
+    profile: DeviceProfile
+    same_storage: Callable[[Var, Var], bool]
+
+
+PlanRule = Callable[[Eqn, PlanContext], RuleResult]
+plan_rules: RuleTable[Prim, PlanRule] = RuleTable(
+    "plan", lambda p, why: UnsupportedPrimitive(str(p), f"{why}: no kernel for this primitive")
+)
+
+
+def prim_request(
+    prim: Prim, inputs: tuple[Var, ...], out: Var, params: Params, threads: int,
+    profile: DeviceProfile,
+) -> PrimRequest:
+    """A one-invocation-per-element request (``threads`` invocations)."""
+    ins = tuple(
+        LiteralOperand(v.value, v.dtype) if isinstance(v, Literal) else (v.shape, v.dtype)
+        for v in inputs
+    )
+    groups = -(-max(threads, 1) // PRIM_WORKGROUP)
+    return PrimRequest(
+        prim=prim, params=params, inputs=ins, output=(out.shape, out.dtype),
+        threads=threads, local_size=PRIM_WORKGROUP, grid=fold_grid(groups, profile.max_grid),
+    )
+
+
+def _bound(req: PrimRequest, inputs: tuple[Var, ...]) -> tuple[Var, ...]:
+    return tuple(inputs[j] for j in req.bound_inputs)
+
+
+@plan_rules.register(
+    *P.BINARY, P.UNARY, P.COMPARE, P.SELECT, P.CONVERT, P.IOTA, P.RESHAPE, P.BROADCAST,
+    P.TRANSPOSE, P.SLICE, P.CONCAT, P.MATMUL, P.REDUCE, P.COPY,
+)
+def _elementwise(e: Eqn, ctx: PlanContext) -> RuleResult:
+    """One invocation per output element."""
+    req = prim_request(e.prim, e.inputs, e.out, e.params, e.out.size, ctx.profile)
+    return RuleResult([KernelCall(req, (*_bound(req, e.inputs), e.out), str(e.prim))])
+
+
+@plan_rules.register(P.DYNAMIC_UPDATE_SLICE)
+def _dynamic_update_slice(e: Eqn, ctx: PlanContext) -> RuleResult:
+    """In place when the output shares the operand's storage (a state update); otherwise
+    the operand is copied to the output first."""
+    operand, update = e.inputs[0], e.inputs[1]
+    calls = []
+    if not ctx.same_storage(operand, e.out):
+        cp = prim_request(P.COPY, (operand,), e.out, Params(), operand.size, ctx.profile)
+        calls.append(KernelCall(cp, (operand, e.out), "copy"))
+    req = prim_request(e.prim, e.inputs, e.out, e.params, update.size, ctx.profile)
+    calls.append(KernelCall(req, (*_bound(req, e.inputs), e.out), str(e.prim)))
+    return RuleResult(calls)
+
+
+@plan_rules.register(P.ATTENTION)
+def _attention(e: Eqn, ctx: PlanContext) -> RuleResult:
+    req = attention_request(e, ctx.profile)
+    return RuleResult([KernelCall(req, (*e.inputs, e.out), "attention")])
