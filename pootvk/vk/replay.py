@@ -19,6 +19,7 @@ from ..ir import BOOL, DType, SlotKind
 from ..ir.bind import check_bind
 from ..plan import Location, Plan
 from .device import Device
+from .hazards import Access
 from .memory import Buffer
 from .recorder import BufferRange, Dispatch, Recorder, Recording
 
@@ -63,7 +64,11 @@ class Replay:
                     BufferRange(self.buffers[loc.buffer], loc.offset, max(loc.nbytes, 4))
                     for loc in k.operands
                 )
-                dispatches.append(Dispatch(pipe, binds, (*k.request.grid, 1), k.label))
+                # A kernel's operands are its inputs, then its output.
+                access = (Access.READ,) * (len(binds) - 1) + (Access.WRITE,)
+                dispatches.append(
+                    Dispatch(pipe, binds, (*k.request.grid, 1), k.label, access=access)
+                )
             self.recording = Recorder(device).record(
                 dispatches, timestamps=timestamps, uploads=uploads
             )
