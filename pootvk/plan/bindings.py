@@ -11,21 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from ..access import Access
 from ..ir import DType
 
-
-class Access(Enum):
-    READ = "r"
-    WRITE = "w"
-    READ_WRITE = "rw"
-
-    @property
-    def reads(self) -> bool:
-        return self is not Access.WRITE
-
-    @property
-    def writes(self) -> bool:
-        return self is not Access.READ
+__all__ = ["Access", "Binding", "BufferRole", "Scratch"]
 
 
 class BufferRole(Enum):

@@ -62,12 +62,16 @@ class Replay:
                 self._slot_buffer(name).write(0, _device_bytes(value))
             dispatches = []
             for k, spv in zip(plan.kernels, spirv, strict=True):
-                pipe = device.compute_pipeline(spv, len(k.operands))
+                pipe = device.compute_pipeline(spv, len(k.bindings))
                 binds = tuple(
-                    BufferRange(self.buffers[loc.buffer], loc.offset, max(loc.nbytes, 4))
-                    for loc in k.operands
+                    BufferRange(self.buffers[b.location.buffer], b.location.offset,
+                                max(b.location.nbytes, 4))
+                    for b in k.bindings
                 )
-                dispatches.append(Dispatch(pipe, binds, (*k.request.grid, 1), k.label))
+                access = tuple(b.binding.access for b in k.bindings)  # barriers on hazards
+                dispatches.append(
+                    Dispatch(pipe, binds, (*k.request.grid, 1), k.label, access=access)
+                )
             self.recording = Recorder(device).record(
                 dispatches, timestamps=timestamps, uploads=uploads
             )

@@ -21,6 +21,7 @@ from pootvk.plan.profile import DeviceProfile
 
 from .instance import call, instance, live_devices
 from .memory import Buffer, MemoryTypes
+from .owned import Owned
 from .physical import PhysicalDeviceInfo, physical_devices, select
 from .pipeline import Pipeline, pipeline_key
 
@@ -43,7 +44,7 @@ class Device:
         self.config = config if config is not None else global_config()
         self.handle: Any = None
         self._live = 0
-        self._owned: dict[int, Any] = {}  # id -> Buffer | Pipeline | Recording, creation order
+        self._owned: dict[int, Owned] = {}  # id -> Buffer | Pipeline | Recording, creation order
         self._pipelines: dict[tuple[str, int], Pipeline] = {}
         self._lock = threading.RLock()
         instance(self.config.validation)
@@ -130,15 +131,15 @@ class Device:
         self._transfer_fence = call(vk.vkCreateFence, self.handle, vk.VkFenceCreateInfo(), None)
         self._track(1)
 
-    # --- ownership -----------------------------------------------------------------------
+    # --- ownership (called by Owned only) -------------------------------------------------
 
     def _track(self, delta: int) -> None:
         self._live += delta
 
-    def _adopt(self, obj: Any) -> None:
+    def _adopt(self, obj: Owned) -> None:
         self._owned[id(obj)] = obj
 
-    def _disown(self, obj: Any) -> None:
+    def _disown(self, obj: Owned) -> None:
         self._owned.pop(id(obj), None)
         if isinstance(obj, Pipeline):
             self._pipelines.pop(obj.key, None)
@@ -240,14 +241,9 @@ class Device:
             vk.vkDeviceWaitIdle(self.handle)
         except Exception:  # a lost device still has to release its handles
             log.exception("vkDeviceWaitIdle failed during close")
-        from .recorder import Recording
-
-        owned = list(self._owned.values())
-        order = [Recording, Pipeline, Buffer]
-        for kind in order:
-            for obj in owned:
-                if isinstance(obj, kind):
-                    obj.destroy()
+        # Recordings, then pipelines, then buffers (Owned.CLOSE_RANK); creation order within.
+        for obj in sorted(self._owned.values(), key=lambda o: o.CLOSE_RANK):
+            obj.destroy()
         self._pipelines.clear()
         self._owned.clear()
         vk.vkDestroyFence(self.handle, self._transfer_fence, None)

@@ -37,19 +37,6 @@ def call(fn: Callable[..., Any], *args: Any) -> Any:
         raise VulkanError(f"{getattr(fn, '__name__', fn)} failed: {type(e).__name__}") from e
 
 
-def release_handles(
-    owner: Any, device: Any, handles: tuple[tuple[str, Callable[..., Any]], ...]
-) -> None:
-    """Destroy ``owner``'s handles in the order given, each with its vkDestroy*/vkFree*
-    function, clearing the attribute and the device's live count (idempotent)."""
-    for attr, destroy in handles:
-        h = getattr(owner, attr)
-        if h is not None:
-            destroy(device.handle, h, None)
-            setattr(owner, attr, None)
-            device._track(-1)
-
-
 def version_string(v: int) -> str:
     return f"{vk.VK_VERSION_MAJOR(v)}.{vk.VK_VERSION_MINOR(v)}.{vk.VK_VERSION_PATCH(v)}"
 

@@ -16,7 +16,8 @@ import vulkan as vk
 
 from pootvk.errors import VulkanError
 
-from .instance import call, release_handles
+from .instance import call
+from .owned import Owned
 
 if TYPE_CHECKING:
     from .device import Device
@@ -85,19 +86,23 @@ class MemoryTypes:
         return self.flags[index] & (HOST_VISIBLE | HOST_COHERENT) == (HOST_VISIBLE | HOST_COHERENT)
 
 
-class Buffer:
+class Buffer(Owned):
     """A storage buffer owned by a Device (usage STORAGE | TRANSFER_SRC | TRANSFER_DST).
 
     ``size`` is the requested byte count rounded up to a multiple of 4 (at least 4), the
     bytes a BufferRange may cover. Reads and writes are bounds-checked.
     """
 
+    HANDLES = (("handle", vk.vkDestroyBuffer), ("memory", vk.vkFreeMemory))
+    CLOSE_RANK = 2
+    handle: Any  # VkBuffer
+    memory: Any  # VkDeviceMemory
+
     def __init__(
         self, device: Device, nbytes: int, *, host_visible: bool = False, name: str = ""
     ) -> None:
         if nbytes < 0:
             raise ValueError(f"buffer {name!r}: negative size {nbytes}")
-        self.device = device
         self.name = name
         self.host_visible = host_visible
         self.size = max(4, (int(nbytes) + 3) // 4 * 4)
@@ -106,38 +111,29 @@ class Buffer:
             raise VulkanError(
                 f"buffer {name!r} of {self.size} bytes exceeds maxMemoryAllocationSize {limit}"
             )
-        dev = device.handle
+        self._mapped: np.ndarray | None = None
+        super().__init__(device)
+
+    def _create(self, dev: Any) -> None:
+        device = self.device
         info = vk.VkBufferCreateInfo(
             size=self.size, usage=USAGE, sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE
         )
-        self.handle: Any = call(vk.vkCreateBuffer, dev, info, None)
-        device._track(1)
-        self.memory: Any = None
-        self._mapped: np.ndarray | None = None
-        try:
-            req = vk.vkGetBufferMemoryRequirements(dev, self.handle)
-            mtype = device.memory_types.choose(
-                int(req.memoryTypeBits), host_visible, device.allow_mapped_device_memory
-            )
-            alloc = vk.VkMemoryAllocateInfo(allocationSize=int(req.size), memoryTypeIndex=mtype)
-            self.memory = call(vk.vkAllocateMemory, dev, alloc, None)
-            device._track(1)
-            call(vk.vkBindBufferMemory, dev, self.handle, self.memory, 0)
-            if device.memory_types.mappable(mtype) and (
-                host_visible or device.allow_mapped_device_memory
-            ):
-                raw = call(vk.vkMapMemory, dev, self.memory, 0, self.size, 0)
-                self._mapped = np.frombuffer(raw, dtype=np.uint8, count=self.size)
-        except BaseException:
-            self._release()
-            raise
-        device._adopt(self)
+        self._own("handle", call(vk.vkCreateBuffer, dev, info, None))
+        req = vk.vkGetBufferMemoryRequirements(dev, self.handle)
+        mtype = device.memory_types.choose(
+            int(req.memoryTypeBits), self.host_visible, device.allow_mapped_device_memory
+        )
+        alloc = vk.VkMemoryAllocateInfo(allocationSize=int(req.size), memoryTypeIndex=mtype)
+        self._own("memory", call(vk.vkAllocateMemory, dev, alloc, None))
+        call(vk.vkBindBufferMemory, dev, self.handle, self.memory, 0)
+        if device.memory_types.mappable(mtype) and (
+            self.host_visible or device.allow_mapped_device_memory
+        ):
+            raw = call(vk.vkMapMemory, dev, self.memory, 0, self.size, 0)
+            self._mapped = np.frombuffer(raw, dtype=np.uint8, count=self.size)
 
     # --- state ---------------------------------------------------------------------------
-
-    @property
-    def destroyed(self) -> bool:
-        return self.handle is None
 
     @property
     def mapped(self) -> bool:
@@ -208,19 +204,8 @@ class Buffer:
 
     # --- lifetime ------------------------------------------------------------------------
 
-    def _release(self) -> None:
-        dev = self.device.handle
+    def _before_release(self) -> None:
+        # Unmap before vkFreeMemory; the numpy view must not outlive the mapping.
         if self._mapped is not None:
             self._mapped = None
-            vk.vkUnmapMemory(dev, self.memory)
-        release_handles(self, self.device, (
-            ("handle", vk.vkDestroyBuffer), ("memory", vk.vkFreeMemory),
-        ))
-
-    def destroy(self) -> None:
-        """Free the buffer and its memory (idempotent). The caller must not have a submit
-        that uses it in flight."""
-        if self.handle is None and self.memory is None:
-            return
-        self._release()
-        self.device._disown(self)
+            vk.vkUnmapMemory(self.device.handle, self.memory)

@@ -17,8 +17,10 @@ import vulkan as vk
 
 from pootvk.errors import BindingRange, GridLimit, InvalidBinding, VulkanError
 
-from .instance import call, release_handles
+from .hazards import Access, barriers_before
+from .instance import call
 from .memory import Buffer
+from .owned import Owned
 from .pipeline import Pipeline
 
 if TYPE_CHECKING:
@@ -48,12 +50,25 @@ class BufferRange:
 
 @dataclass(frozen=True)
 class Dispatch:
-    """One vkCmdDispatch of ``pipeline`` over ``groups`` workgroups with set-0 bindings."""
+    """One vkCmdDispatch of ``pipeline`` over ``groups`` workgroups with set-0 bindings.
+
+    ``access`` says, per binding, whether the kernel reads or writes it; the recorder places
+    barriers from it. None (for callers that do not say) means every binding READ_WRITE:
+    never a missed hazard, only barriers that might not be needed.
+    """
 
     pipeline: Pipeline
     bindings: tuple[BufferRange, ...]
     groups: tuple[int, int, int]
     label: str = ""
+    access: tuple[Access, ...] | None = None
+
+    @property
+    def accesses(self) -> tuple[Access, ...]:
+        """One Access per binding (the conservative default filled in)."""
+        if self.access is None:
+            return (Access.READ_WRITE,) * len(self.bindings)
+        return self.access
 
 
 def validate_dispatch(device: Device, d: Dispatch, index: int) -> None:
@@ -65,6 +80,12 @@ def validate_dispatch(device: Device, d: Dispatch, index: int) -> None:
     if len(d.bindings) != d.pipeline.n_bindings:
         raise InvalidBinding(
             label, -1, f"{len(d.bindings)} bindings given, pipeline has {d.pipeline.n_bindings}"
+        )
+    if d.access is not None and (
+        len(d.access) != len(d.bindings) or not all(isinstance(a, Access) for a in d.access)
+    ):
+        raise InvalidBinding(
+            label, -1, f"access {d.access} must be one Access per binding ({len(d.bindings)})"
         )
     for i, r in enumerate(d.bindings):
         buf = r.buffer
@@ -122,9 +143,26 @@ class Recorder:
         return Recording(self.device, list(dispatches), timestamps, list(uploads))
 
 
-class Recording:
+class Recording(Owned):
     """Owns a descriptor pool (one set per dispatch), a command pool + primary command
-    buffer, a fence and, with timestamps, a query pool. Replay with :meth:`submit`."""
+    buffer, a fence and, with timestamps, a query pool. Replay with :meth:`submit`.
+
+    ``barrier_before[i]`` says whether a compute->compute barrier was recorded before
+    dispatch ``i`` (only where it touches what an earlier dispatch since the last barrier
+    wrote, or writes what one read; see :func:`~pootvk.vk.hazards.barriers_before`).
+    """
+
+    HANDLES = (
+        ("query_pool", vk.vkDestroyQueryPool),
+        ("fence", vk.vkDestroyFence),
+        ("command_pool", vk.vkDestroyCommandPool),  # frees the command buffer
+        ("descriptor_pool", vk.vkDestroyDescriptorPool),  # frees the sets
+    )
+    CLOSE_RANK = 0
+    query_pool: Any
+    fence: Any
+    command_pool: Any
+    descriptor_pool: Any
 
     def __init__(
         self,
@@ -133,47 +171,36 @@ class Recording:
         timestamps: bool,
         uploads: list[tuple[Buffer, Buffer, int]] | None = None,
     ) -> None:
-        self.device = device
         self.dispatches = dispatches
         self.uploads = uploads or []
         self.timestamps = timestamps and device.timestamp_valid_bits > 0
-        self.descriptor_pool: Any = None
-        self.command_pool: Any = None
-        self.fence: Any = None
-        self.query_pool: Any = None
+        self.barrier_before: tuple[bool, ...] = barriers_before(dispatches)
         self._pending = False
         self._submitted = False
         self._n_queries = len(dispatches) + 1
-        dev = device.handle
-        try:
-            self._create(dev)
-            self._record()
-        except BaseException:
-            self._release()
-            raise
-        device._adopt(self)
+        super().__init__(device)
 
     # --- construction --------------------------------------------------------------------
 
     def _create(self, dev: Any) -> None:
+        self._create_objects(dev)
+        self._record()
+
+    def _create_objects(self, dev: Any) -> None:
         n_sets = max(1, len(self.dispatches))
         n_desc = max(1, sum(d.pipeline.n_bindings for d in self.dispatches))
         sizes = [vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
                                          descriptorCount=n_desc)]
         dpi = vk.VkDescriptorPoolCreateInfo(maxSets=n_sets, poolSizeCount=1, pPoolSizes=sizes)
-        self.descriptor_pool = call(vk.vkCreateDescriptorPool, dev, dpi, None)
-        self.device._track(1)
+        self._own("descriptor_pool", call(vk.vkCreateDescriptorPool, dev, dpi, None))
         cpi = vk.VkCommandPoolCreateInfo(queueFamilyIndex=self.device.queue_family)
-        self.command_pool = call(vk.vkCreateCommandPool, dev, cpi, None)
-        self.device._track(1)
-        self.fence = call(vk.vkCreateFence, dev, vk.VkFenceCreateInfo(), None)
-        self.device._track(1)
+        self._own("command_pool", call(vk.vkCreateCommandPool, dev, cpi, None))
+        self._own("fence", call(vk.vkCreateFence, dev, vk.VkFenceCreateInfo(), None))
         if self.timestamps:
             qpi = vk.VkQueryPoolCreateInfo(
                 queryType=vk.VK_QUERY_TYPE_TIMESTAMP, queryCount=self._n_queries
             )
-            self.query_pool = call(vk.vkCreateQueryPool, dev, qpi, None)
-            self.device._track(1)
+            self._own("query_pool", call(vk.vkCreateQueryPool, dev, qpi, None))
         self.sets: list[Any] = []
         if self.dispatches:
             layouts = [d.pipeline.set_layout for d in self.dispatches]
@@ -237,9 +264,9 @@ class Recording:
             vk.vkCmdResetQueryPool(cb, self.query_pool, 0, self._n_queries)
             vk.vkCmdWriteTimestamp(cb, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, self.query_pool, 0)
         # Host writes are made visible by the submit itself; transfers (staging uploads)
-        # carry their own trailing barrier.
+        # carry their own trailing barrier. Between dispatches, a barrier only on a hazard.
         for n, (s, d) in enumerate(zip(self.sets, self.dispatches, strict=True)):
-            if n:
+            if self.barrier_before[n]:
                 self._barrier(
                     compute, compute, vk.VK_ACCESS_SHADER_WRITE_BIT,
                     vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT,
@@ -329,22 +356,10 @@ class Recording:
 
     # --- lifetime ------------------------------------------------------------------------
 
-    def _release(self) -> None:
+    def _before_release(self) -> None:
+        # A submit in flight still uses the command buffer, the sets and the fence.
         if self._pending:
             try:
                 self.wait()
             except VulkanError:
                 pass
-        release_handles(self, self.device, (
-            ("query_pool", vk.vkDestroyQueryPool),
-            ("fence", vk.vkDestroyFence),
-            ("command_pool", vk.vkDestroyCommandPool),  # frees the command buffer
-            ("descriptor_pool", vk.vkDestroyDescriptorPool),  # frees the sets
-        ))
-
-    def destroy(self) -> None:
-        """Wait for any submit in flight, then destroy every owned handle (idempotent)."""
-        if self.command_pool is None and self.descriptor_pool is None:
-            return
-        self._release()
-        self.device._disown(self)

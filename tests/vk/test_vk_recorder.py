@@ -1,23 +1,29 @@
 from __future__ import annotations
 
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import vulkan
 
-from pootvk.errors import BindingRange, GridLimit
+from pootvk.errors import BindingRange, GridLimit, VulkanError
 from pootvk.shaders.compiler import compile_glsl
-from pootvk.vk import BufferRange, Device, Dispatch, InvalidBinding, Recorder
+from pootvk.vk import (
+    Access,
+    BufferRange,
+    Device,
+    Dispatch,
+    InvalidBinding,
+    Recorder,
+    barriers_before,
+)
+from tests.vk.hazard_cases import ADD, CASES, Kernels, run_case
 
-ADD = """#version 450
-layout(local_size_x = 64) in;
-layout(set = 0, binding = 0) readonly buffer A { float a[]; };
-layout(set = 0, binding = 1) readonly buffer B { float b[]; };
-layout(set = 0, binding = 2) writeonly buffer C { float c[]; };
-void main() {
-    uint i = gl_GlobalInvocationID.x;
-    if (i < c.length()) c[i] = a[i] + b[i];
-}
-"""
 N = 1000
 
 
@@ -148,3 +154,88 @@ def test_close_destroys_recordings_and_pipelines() -> None:
     rec.submit(wait=False)
     d.close()
     assert d.live_objects() == 0 and p.destroyed and all(b.destroyed for b in bufs)
+
+
+# --- barriers only on hazards (cases in hazard_cases.py) ----------------------------------
+
+
+@pytest.fixture(scope="module")
+def kernels(device):
+    return Kernels(device)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_barriers_only_on_hazards(device, kernels, case) -> None:
+    rec, got, want = run_case(kernels, case, Recorder(device).record)
+    assert rec.barrier_before == case.barriers
+    assert barriers_before(rec.dispatches) == case.barriers
+    for b in want:
+        np.testing.assert_array_equal(got[b], want[b], err_msg=b)
+
+
+def test_sync_validation_agrees_with_the_barriers(device) -> None:
+    """Under the layer's synchronization validation, the recorder's barriers draw no message,
+    and leaving every barrier out draws exactly the hazard each case names (none where the
+    recorder placed none): every barrier placed is needed, none left out is."""
+    from pootvk.vk import validation_active
+
+    if not validation_active():
+        pytest.skip("validation is off (POOTVK_VALIDATION=0)")
+    env = dict(
+        os.environ,
+        POOTVK_VALIDATION="1",
+        VK_LAYER_ENABLES="VK_VALIDATION_FEATURE_ENABLE_SYNCHRONIZATION_VALIDATION_EXT",
+    )
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.vk.hazard_cases"],
+        cwd=root, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    runs = json.loads(proc.stdout)
+    assert set(runs) == {c.name for c in CASES}
+    for case in CASES:
+        placed, omitted = runs[case.name]
+        assert placed == [], (case.name, placed)
+        if not case.hazard:
+            assert omitted == [], (case.name, omitted)
+        elif case.layer_reports:
+            assert any(case.hazard in m for m in omitted), (case.name, omitted)
+            assert all("SYNC-HAZARD" in m for m in omitted), (case.name, omitted)
+
+
+def test_access_must_match_bindings(device, add) -> None:
+    bufs = [device.create_buffer(N * 4, name=f"x{i}") for i in range(3)]
+    binds = tuple(BufferRange(b) for b in bufs)
+    try:
+        for access in ((Access.READ, Access.WRITE), (Access.READ, Access.READ, "w")):
+            with pytest.raises(InvalidBinding):
+                Recorder(device).record([Dispatch(add, binds, groups(N), "bad", access)])
+    finally:
+        for b in bufs:
+            b.destroy()
+
+
+def test_failed_construction_releases_and_registers_nothing(device, monkeypatch) -> None:
+    """An Owned whose creation fails half-way destroys what it made and is not adopted."""
+    base, owned = device.live_objects(), dict(device._owned)
+
+    def fail(*a, **k):
+        raise vulkan.VkErrorOutOfDeviceMemory()
+
+    monkeypatch.setattr(vulkan, "vkAllocateMemory", fail)  # after vkCreateBuffer succeeded
+    with pytest.raises(VulkanError):
+        device.create_buffer(64, name="doomed")
+    monkeypatch.undo()
+    assert device.live_objects() == base and device._owned == owned
+
+
+def test_only_owned_touches_device_ownership() -> None:
+    """Device's private ownership methods are called from owned.py (and device.py) only."""
+    vk_dir = Path(__file__).resolve().parents[2] / "pootvk"
+    callers = {
+        str(f.relative_to(vk_dir))
+        for f in vk_dir.rglob("*.py")
+        if re.search(r"\._(track|adopt|disown)\(", f.read_text())
+    }
+    assert callers == {"vk/owned.py", "vk/device.py"}
