@@ -70,6 +70,8 @@ class UnaryOp(Enum):
     LOG = "Log"
     ABS = "Abs"
     RECIP = "Recip"
+    SIGMOID = "Sigmoid"
+    SILU = "Silu"
 
 
 class CompareOp(Enum):

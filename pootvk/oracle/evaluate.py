@@ -49,6 +49,8 @@ UNARY: dict[UnaryOp, Callable[[np.ndarray], np.ndarray]] = {
     UnaryOp.LOG: np.log,
     UnaryOp.ABS: np.abs,
     UnaryOp.RECIP: np.reciprocal,
+    UnaryOp.SIGMOID: lambda x: 1 / (1 + np.exp(-x)),
+    UnaryOp.SILU: lambda x: x / (1 + np.exp(-x)),
 }
 COMPARE: dict[CompareOp, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     CompareOp.LT: np.less, CompareOp.LE: np.less_equal, CompareOp.GT: np.greater,

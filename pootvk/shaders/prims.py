@@ -94,6 +94,8 @@ UNARY_EXPR = {
     UnaryOp.LOG: "log(x)",
     UnaryOp.ABS: "abs(x)",
     UnaryOp.RECIP: "1.0 / x",
+    UnaryOp.SIGMOID: "1.0 / (1.0 + exp(-x))",
+    UnaryOp.SILU: "x / (1.0 + exp(-x))",
 }
 
 
