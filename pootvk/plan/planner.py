@@ -86,7 +86,7 @@ class Plan:
         ]
         for i, k in enumerate(self.kernels):
             ops = " ".join(
-                f"{b.binding.name}{'=' if b.binding.access.reads else '>'}{b.location}"
+                f"{b.binding.name}{'->' if b.binding.access.writes else '='}{b.location}"
                 for b in k.bindings
             )
             lines.append(f"  k{i} [eqn {k.eqn}] {k.request.describe()}")

@@ -8,6 +8,7 @@ pipelines, and one recording stays valid for every step.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 from ..errors import GridLimit
 from ..ir import F32, DType, Params, Prim
@@ -105,7 +106,9 @@ class PrimRequest:
         return (*ins, Binding("y", Access.WRITE, self.output[1]))
 
     def describe(self) -> str:
-        ps = " ".join(f"{k}={v}" for k, v in self.params.items())
+        ps = " ".join(
+            f"{k}={v.value if isinstance(v, Enum) else v}" for k, v in self.params.items()
+        )
         shape = ",".join(map(str, self.output[0]))
         return (
             f"{self.prim}{'[' + ps + ']' if ps else ''} -> {self.output[1].value}[{shape}] "
