@@ -13,6 +13,38 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import pytest  # noqa: E402
 
 
+def _device_line() -> str:
+    """The Vulkan device the suite runs on (the ``device`` fixture's), in one line."""
+    from pootvk.config import config as pootvk_config
+
+    try:
+        from pootvk.vk import default_device, validation_active
+
+        d = default_device()
+        p = d.profile
+        driver = f"{p.driver} {p.extra.get('driver_info', '')}".strip() or "driver unknown"
+        return (
+            f"vulkan device: [{d.physical.index}] {d.name} ({p.device_type}, {driver}, "
+            f"Vulkan {p.api_version}); validation {'on' if validation_active() else 'off'}; "
+            f"POOTVK_DEVICE={pootvk_config().device!r}, "
+            f"POOTVK_EXPECT_DEVICE={os.environ.get('POOTVK_EXPECT_DEVICE')!r}"
+        )
+    except Exception as e:  # no device: say so; the device tests fail on their own
+        return f"vulkan device: none ({type(e).__name__}: {e})"
+
+
+def pytest_report_header(config):  # type: ignore[no-untyped-def]
+    """Name the device in pytest's header, so a run's log always says where it ran."""
+    return [_device_line()]
+
+
+def pytest_sessionstart(session):  # type: ignore[no-untyped-def]
+    """``-q`` (the project's addopts) hides the header: write the device line anyway."""
+    tr = session.config.pluginmanager.get_plugin("terminalreporter")
+    if tr is not None and (not tr.showheader or tr.no_header):
+        tr.write_line(_device_line())
+
+
 @pytest.fixture(scope="session")
 def device():  # type: ignore[no-untyped-def]
     """The process-wide default Device (lavapipe on CPU machines)."""

@@ -44,3 +44,18 @@ def test_debug_setting_logs_plan_and_sources(caplog, device, monkeypatch):
         runtime.build_plan(trace_decode_step(1, 2, 2, 8, 4), device)
     text = caplog.text
     assert "plan for" in text and "#version 450" in text and "shared float s_m" in text
+
+
+def test_python_dash_m_pootvk_lists_the_device(device):
+    """``python -m pootvk devices`` works as a command and names the device we run on."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([sys.executable, "-m", "pootvk", "devices"], cwd=root,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(f"[{device.physical.index}] ")]
+    assert len(lines) == 1 and device.name in lines[0], proc.stdout
+    assert device.profile.device_type in lines[0] and device.profile.driver in lines[0]

@@ -91,6 +91,8 @@ _state: dict[str, Any] = {}
 _memory_cache: dict[str, bytes] = {}
 #: Number of times glslang was actually invoked (tests assert cache hits against it).
 glslang_calls = 0
+#: Number of compile_glsl calls, cache hits included (a replayed plan makes none).
+compile_requests = 0
 
 
 def _lib_dir() -> Path:
@@ -192,6 +194,8 @@ def compile_glsl(source: str, *, cache_dir: Path | None = None) -> bytes:
     Looks in the in-process cache, then ``{cache_dir or config().cache_dir}/spirv``, then
     runs glslang and stores the result in both. Raises ShaderCompileError(log, source).
     """
+    global compile_requests
+    compile_requests += 1
     key = cache_key(source)
     hit = _memory_cache.get(key)
     if hit is not None:

@@ -127,4 +127,5 @@ def test_attention_core_scale_default():
     assert compile_graph(g).eqns[0].params["form"].scale == 0.125
     b = Builder()
     q = b.input("q", (1, 1, 1, 4))
-    attention_core(b, q, q, q, scale=2.0)
+    b.export("out", attention_core(b, q, q, q, scale=2.0))
+    assert compile_graph(b.build()).eqns[0].params["form"].scale == 2.0  # explicit wins

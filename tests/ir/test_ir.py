@@ -62,7 +62,7 @@ def test_type_errors_where_written():
 
 def test_check_graph_catches_a_mistyped_eqn():
     g = trace_decode_step(1, 2, 2, 4, 8)
-    check_graph(g)
+    check_graph(g)  # the untouched graph passes: the refusals below are the edits' doing
     e = g.eqns[-1]
     bad = Eqn(e.prim, e.inputs, e.outputs, Params(dict(e.params), extra=1))
     with pytest.raises(ShapeError, match="params"):  # undeclared params are refused

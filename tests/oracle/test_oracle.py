@@ -6,6 +6,7 @@ import pytest
 from pootvk.ir import F32, I32
 from pootvk.ops import Builder, trace_attention
 from pootvk.oracle import evaluate
+from tests.helpers import reference_attention
 
 rng = np.random.default_rng(7)
 
@@ -111,3 +112,17 @@ def test_row_that_sees_no_key_is_nan():
     g = trace_attention(q.shape, k.shape, v.shape, mask.shape)
     out = evaluate(g, {"q": q, "k": k, "v": v, "mask": mask})["out"]
     assert np.isfinite(out[0, 0, 0]).all() and np.isnan(out[0, 0, 1]).all()
+
+
+@pytest.mark.parametrize("softcap", [None, 5.0])
+def test_kernel_tests_reference_matches_naive(softcap):
+    """tests.helpers.reference_attention, what kernel tests compare the device against,
+    agrees with the double loop: GQA, scale, softcap, -inf weights and NaN rows."""
+    q, k, v = f32(2, 8, 3, 16), f32(2, 2, 11, 16), f32(2, 2, 11, 24)
+    mask = np.where(rng.random((1, 8, 3, 11)) < 0.3, -np.inf, rng.standard_normal((1, 8, 3, 11)))
+    mask[0, 2, 1] = -np.inf  # head 2, row 1 sees no key
+    with np.errstate(invalid="ignore"):
+        want = naive_attention(q, k, v, mask, scale=0.7, softcap=softcap)
+    got = reference_attention(q, k, v, mask, scale=0.7, softcap=softcap)
+    assert np.isnan(got).sum() == 2 * 24 and np.isnan(got[:, 2, 1]).all()
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)  # NaNs compare equal

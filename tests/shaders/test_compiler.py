@@ -44,7 +44,8 @@ def test_bad_glsl_raises_with_log(tmp_path) -> None:
         compile_glsl(unique(bad), cache_dir=tmp_path)
     assert "undefined_thing" in e.value.log
     assert "undefined_thing" in e.value.source
-    assert not list((tmp_path / "spirv").glob("*.spv")) if (tmp_path / "spirv").exists() else True
+    assert not list(tmp_path.glob("spirv/*.spv"))  # nothing cached for a failed compile
+    assert compiler.cache_key(e.value.source) not in compiler._memory_cache
 
 
 def test_cache_memory_and_disk(tmp_path) -> None:

@@ -1,22 +1,54 @@
-"""CI guard: GPU tests must never be silently skipped on the wrong (or no) device."""
+"""CI guard: GPU tests must never run silently on the wrong (or no) device.
+
+The default device is recomputed here from the documented rule (README, ``Device``):
+POOTVK_DEVICE (an index or a case-insensitive name substring) when set, else the first
+discrete GPU, then integrated, virtual, cpu, in enumeration order. POOTVK_EXPECT_DEVICE
+(CI sets ``llvmpipe``) additionally names the device this run must be on.
+"""
 
 from __future__ import annotations
 
 import os
 
 from pootvk.config import config
+from pootvk.vk import physical_devices
+
+PREFERENCE = ("discrete", "integrated", "virtual", "cpu")
 
 
-def test_expected_device(device) -> None:
-    want = os.environ.get("POOTVK_EXPECT_DEVICE")
-    if want:
-        assert want.lower() in device.name.lower(), (
-            f"POOTVK_EXPECT_DEVICE={want!r} but the default device is {device.name!r}"
+def documented_choice(devices, selector):
+    """The device the README's selection rule picks, written without ``vk.select``."""
+    if selector is not None:
+        if selector.strip().isdigit():
+            return devices[int(selector)]
+        return next(d for d in devices if selector.lower() in d.name.lower())
+    for kind in PREFERENCE:
+        for d in devices:
+            if d.device_type == kind:
+                return d
+    return devices[0]
+
+
+def test_default_device_is_the_documented_choice_and_the_expected_one(device) -> None:
+    devices = physical_devices()
+    assert devices, "no Vulkan device: the GPU tests cannot run"
+    assert config().device == (os.environ.get("POOTVK_DEVICE") or None)
+    want = documented_choice(devices, config().device)
+    assert (device.physical.index, device.name) == (want.index, want.name), (
+        f"default device {device.name!r}; the documented rule picks {want.name!r} from "
+        f"{[(d.name, d.device_type) for d in devices]}"
+    )
+    expect = os.environ.get("POOTVK_EXPECT_DEVICE")
+    if expect:
+        assert expect.lower() in device.name.lower(), (
+            f"POOTVK_EXPECT_DEVICE={expect!r} but the default device is {device.name!r}"
         )
 
 
-def test_validation_active_when_requested(device) -> None:
+def test_validation_is_on_exactly_when_requested(device) -> None:
     from pootvk.vk import validation_active
 
-    if config().validation:
-        assert validation_active(), "POOTVK_VALIDATION=1 but the validation layer is not active"
+    assert validation_active() == config().validation, (
+        f"POOTVK_VALIDATION={os.environ.get('POOTVK_VALIDATION')!r} but the validation "
+        f"layer is {'active' if validation_active() else 'not active'}"
+    )

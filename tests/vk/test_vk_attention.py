@@ -1,4 +1,4 @@
-"""pootvk.attention on the live Vulkan device against the numpy oracle."""
+"""pootvk.attention on the live Vulkan device against the independent float64 reference."""
 
 import numpy as np
 import pytest
@@ -7,27 +7,12 @@ from hypothesis import strategies as st
 
 import pootvk
 from pootvk.errors import BindError, ShapeError
-from pootvk.ops import trace_attention
-from pootvk.oracle import evaluate
-from tests.helpers import nse
-
-TOL = 5e-4
-
-
-def oracle(q, k, v, mask=None, scale=None, softcap=None):
-    g = trace_attention(q.shape, k.shape, v.shape, None if mask is None else mask.shape,
-                        scale=scale, softcap=softcap)
-    ins = {"q": q, "k": k, "v": v} | ({} if mask is None else {"mask": mask})
-    return evaluate(g, ins)["out"]
+from tests.helpers import assert_close, reference_attention
 
 
 def check(got, ref):
-    assert got.shape == ref.shape and got.dtype == np.float32
-    nan = np.isnan(ref)
-    np.testing.assert_array_equal(np.isnan(got), nan)
-    e = nse(got[~nan], ref[~nan])
-    assert e <= TOL, f"normalised squared error {e:.2e} (max abs {np.abs(got - ref).max():.2e})"
-    return e
+    assert got.dtype == np.float32
+    return assert_close(got, ref)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -38,7 +23,8 @@ def check(got, ref):
     mask=st.sampled_from([None, "shared", "alibi"]), softcap=st.sampled_from([None, 8.0]),
     seed=st.integers(0, 2**16),
 )
-def test_attention_matches_oracle(device, b, n_rep, hkv, lq, lk, dk, dv, mask, softcap, seed):
+def test_attention_matches_the_reference(device, b, n_rep, hkv, lq, lk, dk, dv, mask, softcap,
+                                         seed):
     rng = np.random.default_rng(seed)
     hq = hkv * n_rep
     q = rng.standard_normal((b, hq, lq, dk), dtype=np.float32)
@@ -53,7 +39,7 @@ def test_attention_matches_oracle(device, b, n_rep, hkv, lq, lk, dk, dv, mask, s
         m = (slopes[:, None, None] * (np.arange(lk) - lk + 1)[None, None, :])
         m = np.broadcast_to(m[None], (1, hq, lq, lk)).astype(np.float32)
     got = pootvk.attention(q, k, v, mask=m, softcap=softcap, device=device)
-    check(got, oracle(q, k, v, m, softcap=softcap))
+    check(got, reference_attention(q, k, v, m, softcap=softcap))
 
 
 @pytest.mark.parametrize(
@@ -68,7 +54,7 @@ def test_odd_shapes_and_explicit_scale(device, qs, ks, vs):
     rng = np.random.default_rng(1)
     q, k, v = (rng.standard_normal(s, dtype=np.float32) for s in (qs, ks, vs))
     got = pootvk.attention(q, k, v, scale=0.3, device=device)
-    check(got, oracle(q, k, v, scale=0.3))
+    check(got, reference_attention(q, k, v, scale=0.3))
 
 
 def test_minus_inf_adds_zero_weight_and_empty_rows_are_nan(device):
@@ -81,21 +67,51 @@ def test_minus_inf_adds_zero_weight_and_empty_rows_are_nan(device):
     m[..., 1, :] = -np.inf  # row 1 sees nothing: 0/0
     m[0, 1, 2, ::2] = -np.inf
     got = pootvk.attention(q, k, v, mask=m, device=device)
-    check(got, oracle(q, k, v, m))
+    check(got, reference_attention(q, k, v, m))
     assert np.isnan(got[:, :, 1]).all() and np.isfinite(got[:, :, 0]).all()
 
 
-def test_repeated_calls_reuse_one_recording(device):
-    from pootvk import runtime
+def test_repeated_calls_reuse_one_replay(device, monkeypatch):
+    """A repeated call with the same shapes is a cache lookup: the same Replay object, and
+    no tracing, no shader compile (not even a cache hit) and no new recording."""
+    from pootvk import api
+    from pootvk.runtime import replay as replay_mod
+    from pootvk.shaders import compiler
 
+    got, traces, recordings = [], [], []
+
+    def spy_cached_replay(key, trace, dev):
+        def counted_trace():
+            traces.append(key)
+            return trace()
+
+        rp = cached_replay(key, counted_trace, dev)
+        got.append(rp)
+        return rp
+
+    def spy_record(self, *a, **kw):
+        recordings.append(self)
+        return record(self, *a, **kw)
+
+    cached_replay, record = api.cached_replay, replay_mod.Recorder.record
+    monkeypatch.setattr(api, "cached_replay", spy_cached_replay)
+    monkeypatch.setattr(replay_mod.Recorder, "record", spy_record)
     rng = np.random.default_rng(3)
     q = rng.standard_normal((1, 4, 1, 16), dtype=np.float32)
     k = rng.standard_normal((1, 4, 50, 16), dtype=np.float32)
-    before = len(runtime._replays)
+    first = pootvk.attention(q, k, k, device=device)
+    assert len(got) == 1 and len(traces) == len(recordings) <= 1  # built at most once
+    compiles = compiler.glslang_calls, compiler.compile_requests
+    del traces[:], recordings[:]
     for _ in range(3):
-        out = pootvk.attention(q, k, k, device=device)
-    assert len(runtime._replays) <= before + 1
-    check(out, oracle(q, k, k))
+        q2 = rng.standard_normal(q.shape, dtype=np.float32)  # new values, same shapes
+        out = pootvk.attention(q2, k, k, device=device)
+        check(out, reference_attention(q2, k, k))
+    assert len(got) == 4 and all(rp is got[0] for rp in got), "a new Replay was built"
+    assert traces == [] and recordings == []
+    assert (compiler.glslang_calls, compiler.compile_requests) == compiles
+    assert got[0].recordings == 1
+    np.testing.assert_array_equal(pootvk.attention(q, k, k, device=device), first)
 
 
 def test_bad_input_is_a_typed_error(device):

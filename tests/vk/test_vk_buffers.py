@@ -28,6 +28,7 @@ def test_round_trip(device, host_visible) -> None:
     finally:
         b.destroy()
     b.destroy()  # idempotent
+    assert b.destroyed
 
 
 def test_staging_path() -> None:

@@ -23,23 +23,19 @@ def test_physical_devices_lists_a_sane_profile() -> None:
         assert p.min_storage_offset_alignment & (p.min_storage_offset_alignment - 1) == 0
         assert p.subgroup_size >= 1 and p.timestamp_period_ns > 0
         assert DeviceProfile.from_json(p.to_json()) == p
-    lava = [d for d in devs if "llvmpipe" in d.name.lower()]
-    if lava:
-        p = lava[0].profile
-        assert p.device_type == "cpu"
-        assert p.max_storage_buffer_range == 134217728
-        assert p.max_workgroup_memory == 32768
 
 
 def test_recorded_lavapipe_profile_matches_live() -> None:
     rec = recorded_profile("lavapipe")
-    assert rec.max_storage_buffer_range == 134217728
-    live = [d.profile for d in physical_devices() if "llvmpipe" in d.name.lower()]
-    if live:
-        a, b = json.loads(live[0].to_json()), json.loads(rec.to_json())
-        for k in ("max_workgroup_memory", "max_grid", "max_storage_buffer_range",
-                  "min_storage_offset_alignment", "max_invocations"):
-            assert a[k] == b[k], k
+    assert (rec.max_storage_buffer_range, rec.max_workgroup_memory) == (128 << 20, 32 << 10)
+    live = [d for d in physical_devices() if "llvmpipe" in d.name.lower()]
+    if not live:
+        pytest.skip("no lavapipe (llvmpipe) device on this machine to compare with")
+    assert live[0].device_type == "cpu"
+    a, b = json.loads(live[0].profile.to_json()), json.loads(rec.to_json())
+    for k in ("max_workgroup_memory", "max_grid", "max_storage_buffer_range",
+              "min_storage_offset_alignment", "max_invocations"):
+        assert a[k] == b[k], k
 
 
 @pytest.mark.parametrize("selector", ["no-such-gpu", 99, "99"])
@@ -53,10 +49,10 @@ def test_device_not_found(selector) -> None:
 def test_select_by_name_and_index_close_idempotent(device) -> None:
     word = device.name.split()[0]
     with Device(word.upper()) as d:
-        assert d.name == device.name
-        assert d.live_objects() >= 0
+        assert d.name == device.name and d.profile == device.profile
     assert d.closed
-    d.close()
+    d.close()  # idempotent
+    assert d.closed and d.live_objects() == 0
     idx = next(p.index for p in physical_devices() if p.name == device.name)
     d2 = Device(idx)
     b = d2.create_buffer(64, name="x")

@@ -1,4 +1,7 @@
-"""Whole graphs on the live device: fused and primitive forms, folded grids, replay checks."""
+"""Whole graphs on the live device: fused and primitive forms, folded grids, replay checks.
+
+Attention outputs are checked against the independent float64 reference (tests.helpers);
+graphs without attention against the oracle."""
 
 import numpy as np
 import pytest
@@ -12,7 +15,7 @@ from pootvk.oracle import evaluate
 from pootvk.plan import plan_graph
 from pootvk.runtime.replay import Replay
 from pootvk.shaders.generate import compile_plan
-from tests.helpers import nse, random_inputs
+from tests.helpers import assert_close, random_inputs, reference_attention, reference_decode_step
 
 
 def run_on_device(device, g, ins, profile=None):
@@ -29,24 +32,38 @@ def run_on_device(device, g, ins, profile=None):
     return out, states
 
 
+def decode(**kw):
+    """A decode-step case: its graph and its reference (from the definition)."""
+    scale, softcap = kw.get("scale"), kw.get("softcap")
+    return trace_decode_step(**kw), lambda ins: reference_decode_step(ins, scale, softcap)
+
+
+def plain(*shapes):
+    return trace_attention(*shapes), lambda ins: {
+        "out": reference_attention(ins["q"], ins["k"], ins["v"], ins["mask"])
+    }
+
+
+CASES = {
+    "decode": decode(batch=2, q_heads=8, kv_heads=2, head_dim=16, capacity=40, softcap=20.0,
+                     alibi=True),
+    "prefill": decode(batch=1, q_heads=4, kv_heads=1, head_dim=12, capacity=33, q_rows=6),
+    "plain": plain((2, 3, 4, 5), (2, 3, 9, 5), (2, 3, 9, 7), (2, 1, 4, 9)),
+}
+
+
 @pytest.mark.parametrize("fused", [True, False])
-@pytest.mark.parametrize(
-    "g",
-    [
-        trace_decode_step(2, 8, 2, 16, 40, softcap=20.0, alibi=True),
-        trace_decode_step(1, 4, 1, 12, 33, q_rows=6),
-        trace_attention((2, 3, 4, 5), (2, 3, 9, 5), (2, 3, 9, 7), (2, 1, 4, 9)),
-    ],
-    ids=["decode", "prefill", "plain"],
-)
-def test_graph_runs_fused_and_as_primitives(device, g, fused):
+@pytest.mark.parametrize("case", CASES)
+def test_graph_runs_fused_and_as_primitives(device, case, fused):
     """The primitive form runs too: every primitive kernel checked through a real chain."""
+    g, reference = CASES[case]
     c = compile_graph(g) if fused else canonicalize(g)
     assert (c.count(P.ATTENTION) == 1) == fused
     ins = random_inputs(g, np.random.default_rng(4), pos=5)
-    ref = evaluate(g, ins)
+    ref = reference(ins)
     out, states = run_on_device(device, c, ins)
-    assert nse(out["out"], ref["out"]) <= 5e-4
+    assert_close(out["out"], ref["out"])
+    assert set(states) == set(ref) - {"out"}
     for name, s in states.items():
         np.testing.assert_array_equal(s, ref[name])  # the KV write is exact
 
@@ -86,9 +103,9 @@ def test_two_d_grid_on_the_device(device):
         plan = plan_graph(c, small)
         assert any(k.request.grid[1] > 1 for k in plan.kernels)
         ins = random_inputs(g, np.random.default_rng(6), pos=11)
-        ref = evaluate(g, ins)
+        ref = reference_decode_step(ins)
         out, states = run_on_device(device, c, ins, profile=small)
-        assert nse(out["out"], ref["out"]) <= 5e-4
+        assert_close(out["out"], ref["out"])
         np.testing.assert_array_equal(states["k_cache"], ref["k_cache"])
 
 
@@ -136,9 +153,10 @@ def test_inputs_go_through_staging_when_device_memory_is_not_mappable(device):
             for pos in range(5):
                 step = random_inputs(g, rng, pos=pos)
                 out = rp.step({k: step[k] for k in ("q", "k_new", "v_new", "pos")})
-                ref = evaluate(g, {**step, "k_cache": kc, "v_cache": vc, "alibi": alibi})
+                ref = reference_decode_step({**step, "k_cache": kc, "v_cache": vc,
+                                             "alibi": alibi})
                 kc, vc = ref["k_cache"], ref["v_cache"]
-                assert nse(out["out"], ref["out"]) <= 5e-4
+                assert_close(out["out"], ref["out"])
             np.testing.assert_array_equal(rp.read_state("v_cache"), vc)
             assert rp.recordings == 1
 
