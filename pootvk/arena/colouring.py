@@ -51,7 +51,7 @@ class ArenaLayout:
             it = p.item
             tag = " scratch" if it.scratch else ""
             lines.append(
-                f"  {it.name:>8}  arena{p.arena}+{p.offset:<10d} {it.nbytes:>10d} B  "
+                f"  {it.name:<6} arena{p.arena}+{p.offset:<10d} {it.nbytes:>10d} B  "
                 f"live [{it.first}, {it.last}]{tag}"
             )
         return "\n".join(lines)

@@ -66,7 +66,9 @@ class AttentionRequest:
         return self.lanes * (self.dv + 2) * 4
 
     def describe(self) -> str:
-        m = "none" if self.mask is None else "x".join(map(str, self.mask))
+        m = "none" if self.mask is None else (
+            "additive[" + ",".join("1" if n == 1 else "n" for n in self.mask) + "]"
+        )
         cap = "" if self.softcap is None else f" softcap={self.softcap:g}"
         return (
             f"attention B={self.b} Hq={self.hq} Hkv={self.hkv} Lq={self.lq} Lk={self.lk} "

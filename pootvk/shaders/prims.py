@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..errors import UnsupportedPrimitive
-from ..ir import BOOL, F32, CompareOp, DType, Prim, ReduceOp, RuleTable, UnaryOp
+from ..ir import BOOL, F32, U32, CompareOp, DType, Prim, ReduceOp, RuleTable, UnaryOp
 from ..ir import prims as P
 from ..plan.requests import LiteralOperand, PrimRequest
 from .common import declare_bindings, glsl_type, group_id, header, literal, strides
@@ -225,7 +225,8 @@ def _reduce(req: PrimRequest, n: list[str]) -> str:
         init = literal(float("-inf"), F32)
         step = f"{t} x = {x}; if (isnan(x) || x > acc) acc = x;"
     else:
-        init, step = literal(-(2**31), dt), f"acc = max(acc, {x});"
+        # the smallest value of the type: -2**31 for I32, 0 for U32 (-2**31 wraps to 2**31)
+        init, step = literal(0 if dt is U32 else -(2**31), dt), f"acc = max(acc, {x});"
     return (
         f"    uint base = {base};\n    {t} acc = {init};\n"
         f"    for (uint j = 0u; j < {shape[axis]}u; ++j) {{ {step} }}\n    y[gid] = acc;"

@@ -115,15 +115,15 @@ def test_typed_refusals():
 GOLDEN_PLAN = """\
 plan for llvmpipe (LLVM 15.0.6, 256 bits): 5 kernel(s), arena peak 256 bytes
   k0 [eqn 0] DynamicUpdateSlice -> f32[1,2,32,16] threads=32 wg=64 grid=1x1
-       binds x1=in:k_new x4=in:pos y>state:k_cache
+       binds x1=in:k_new x4=in:pos y->state:k_cache
   k1 [eqn 1] DynamicUpdateSlice -> f32[1,2,32,16] threads=32 wg=64 grid=1x1
-       binds x1=in:v_new x4=in:pos y>state:v_cache
-  k2 [eqn 2] Compare[op=CompareOp.LE] -> bool[1,1,1,32] threads=32 wg=64 grid=1x1
-       binds x0=const:const0 x1=in:pos y>arena0
+       binds x1=in:v_new x4=in:pos y->state:v_cache
+  k2 [eqn 2] Compare[op=Le] -> bool[1,1,1,32] threads=32 wg=64 grid=1x1
+       binds x0=const:const0 x1=in:pos y->arena0
   k3 [eqn 3] Select -> f32[1,1,1,32] threads=32 wg=64 grid=1x1
-       binds x0=arena0 y>arena0+128
-  k4 [eqn 4] attention B=1 Hq=8 Hkv=2 Lq=1 Lk=32 Dk=16 Dv=16 scale=0.25 mask=1x1x1 lanes=64 vec=4 keys/step=2 grid=8x1
-       binds q=in:q k=state:k_cache v=state:v_cache mask=arena0+128 o>out:out
+       binds x0=arena0 y->arena0+128
+  k4 [eqn 4] attention B=1 Hq=8 Hkv=2 Lq=1 Lk=32 Dk=16 Dv=16 scale=0.25 mask=additive[1,1,1] lanes=64 vec=4 keys/step=2 grid=8x1
+       binds q=in:q k=state:k_cache v=state:v_cache mask=arena0+128 o->out:out
 buffers:
   in:q                 input            512 B
   in:k_new             input            128 B
@@ -135,8 +135,8 @@ buffers:
   out:out              export           512 B
   arena0               arena            256 B
 arena: 1 buffer(s), peak 256 bytes (unshared 256)
-        v0  arena0+0                 128 B  live [2, 3]
-        v1  arena0+128               128 B  live [3, 4]"""  # noqa: E501 (the attention kernel's line is 118 wide)
+  v0     arena0+0                 128 B  live [2, 3]
+  v1     arena0+128               128 B  live [3, 4]"""  # noqa: E501 (the attention kernel's line is 118 wide)
 
 
 def test_print_plan_golden():

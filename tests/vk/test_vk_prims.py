@@ -19,6 +19,8 @@ UNARY_NUMPY = {
     UnaryOp.LOG: (np.log, "positive"),
     UnaryOp.ABS: (np.abs, "any"),
     UnaryOp.RECIP: (lambda x: 1.0 / x, "nonzero"),
+    UnaryOp.SIGMOID: (lambda x: 1.0 / (1.0 + np.exp(-x)), "any"),
+    UnaryOp.SILU: (lambda x: x / (1.0 + np.exp(-x)), "any"),
 }
 
 
@@ -56,12 +58,6 @@ def test_unary_table_names_exactly_the_ops():
     assert set(UNARY_NUMPY) == set(UnaryOp)
 
 
-#: Known product bug (shaders/prims.py ``_reduce``): a U32 Max starts from
-#: ``literal(-(2**31), U32)`` = ``-2147483648u`` = 2**31, so every row whose maximum is below
-#: 2**31 comes back as 2147483648. Fix: start U32 Max from ``0u``. Strict: once fixed, these
-#: cases XPASS and fail until this marker is removed.
-U32_MAX_BUG = "U32 Max starts from 2**31, not 0 (shaders/prims.py _reduce)"
-
 U32_CASES = [  # shape, axis, keepdim
     ((5, 70), 1, True),
     ((5, 70), 0, False),
@@ -74,10 +70,9 @@ U32_CASES = [  # shape, axis, keepdim
 @pytest.mark.parametrize("op", list(ReduceOp), ids=lambda op: op.value)
 @pytest.mark.parametrize(("shape", "axis", "keepdim"), U32_CASES)
 @pytest.mark.parametrize("high", [False, True], ids=["small", "high_bit"])
-def test_u32_reduce_on_the_device(request, device, op, shape, axis, keepdim, high):
-    """U32 is unsigned: values past 2**31 order above smaller ones, sums wrap mod 2**32."""
-    if op is ReduceOp.MAX and not high:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=U32_MAX_BUG))
+def test_u32_reduce_on_the_device(device, op, shape, axis, keepdim, high):
+    """U32 is unsigned: values past 2**31 order above smaller ones, sums wrap mod 2**32.
+    (This test found U32 Max starting from 2**31: -2**31 as a uint.)"""
     rng = np.random.default_rng(9)
     lo, hi = (2**31, 2**32) if high else (0, 1000)
     x = rng.integers(lo, hi, shape, dtype=np.uint64).astype(np.uint32)
