@@ -43,7 +43,8 @@ def test_numpy_integer_dimensions_are_accepted(device) -> None:
 
 @pytest.mark.parametrize("argv", [
     ["demo", "--steps", "0"], ["demo", "--steps", "x"], ["demo", "--capacity", "-3"],
-    ["bench", "--shape", "garbage"], ["bench", "--shape", "1,2,3"], ["bench", "--shape", "0,1,1,1,1"],
+    ["bench", "--shape", "garbage"], ["bench", "--shape", "1,2,3"],
+    ["bench", "--shape", "0,1,1,1,1"],
 ])
 def test_cli_argument_errors_are_one_line_exit_2(argv, capsys) -> None:
     with pytest.raises(SystemExit) as e:
