@@ -246,6 +246,9 @@ def _read_entry(path: Path, key: str) -> bytes | None:
             except OSError:
                 pass
             return spv
+        if data.startswith(SPIRV_MAGIC):  # an entry from before headers: replace quietly
+            log.info("replacing headerless SPIR-V cache entry %s", path)
+            return None
         why = f"corrupt ({len(data)} bytes; header, digest or SPIR-V check failed)"
     warnings.warn(f"pootvk: discarding cache entry {path}: {why}; recompiling", CacheCorrupt,
                   stacklevel=3)

@@ -32,7 +32,7 @@ def test_bad_entry_is_discarded_named_and_rewritten(tmp_path, damage) -> None:
     if damage == "truncate":
         path.write_bytes(data[: compiler.HEADER_BYTES + 8])
     elif damage == "garbage":
-        path.write_bytes(b"\x03\x02\x23\x07" + b"\0" * 60)
+        path.write_bytes(compiler.HEADER_MAGIC + b"\0" * 80)
     elif damage == "other_kernel":
         compile_glsl(other, cache_dir=tmp_path)
         path.write_bytes(_entry(tmp_path, other).read_bytes())
