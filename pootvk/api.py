@@ -2,22 +2,37 @@
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import numpy as np
 
-from .errors import BindError
+from .errors import BindError, InvalidArgument
 from .ir import check_attention
 from .ops import trace_attention
-from .runtime import cached_replay, resolve_device
+from .runtime import held_replay, resolve_device
 from .vk import Device, PhysicalDeviceInfo, physical_devices
 
 
 def _as_f32(name: str, x: object) -> np.ndarray:
-    a = np.asarray(x)
+    try:
+        a = np.asarray(x)
+    except (ValueError, TypeError) as e:  # ragged nested lists, odd objects
+        raise BindError(name, "an array", f"{type(x).__name__} ({e})", "value") from e
     if not np.issubdtype(a.dtype, np.floating):
         raise BindError(name, "a floating-point array", a.dtype.name, "dtype")
     if a.ndim != 4:
         raise BindError(name, "rank 4 [B, H, L, D]", a.shape, "shape")
     return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def _real(name: str, x: object) -> float | None:
+    """None, or a finite real number as a Python float (np.float32 and ints welcome)."""
+    if x is None:
+        return None
+    if isinstance(x, bool) or not isinstance(x, numbers.Real) or not math.isfinite(float(x)):
+        raise InvalidArgument(name, "None or a finite real number", x)
+    return float(x)
 
 
 def attention(
@@ -35,6 +50,8 @@ def attention(
     mask additive [B|1, 1|Hq, Lq|1, Lk] (ALiBi is just a per-head mask), scale defaults to
     1/sqrt(Dk), softcap is cap * tanh(s / cap). Computes in F32 and returns F32 [B,Hq,Lq,Dv].
     """
+    scale, softcap = _real("scale", scale), _real("softcap", softcap)
+    dev = resolve_device(device)  # a bad device= is refused before any work
     q, k, v = _as_f32("q", q), _as_f32("k", k), _as_f32("v", v)
     values = {"q": q, "k": k, "v": v}
     if mask is not None:
@@ -44,12 +61,12 @@ def attention(
         softcap=softcap,
     )
     shapes = (q.shape, k.shape, v.shape, None if mask is None else values["mask"].shape)
-    rp = cached_replay(
+    with held_replay(  # held: another thread's eviction cannot free it mid-step
         ("attention", *shapes, scale, softcap),
         lambda: trace_attention(*shapes, scale=scale, softcap=softcap),
-        resolve_device(device),
-    )
-    return rp.step(values)["out"]
+        dev,
+    ) as rp:
+        return rp.step(values)["out"]
 
 
 def devices() -> list[PhysicalDeviceInfo]:

@@ -11,6 +11,36 @@ import numpy as np
 from .errors import PootvkError
 
 
+class _Parser(argparse.ArgumentParser):
+    """Argument errors are one line on stderr and exit status 2 (no usage block)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} must be at least 1")
+    return n
+
+
+def bench_shape(text: str) -> tuple[int, ...]:
+    """B,Hq,Hkv,Lk,D: five positive integers."""
+    try:
+        s = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: want B,Hq,Hkv,Lk,D (five positive integers)") from None
+    if len(s) != 5 or min(s) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: want B,Hq,Hkv,Lk,D (five positive integers)")
+    return s
+
+
 def _devices(args: argparse.Namespace) -> int:
     from .vk import physical_devices
 
@@ -73,31 +103,27 @@ def _bench(args: argparse.Namespace) -> int:
     from .benchmark import run
     from .runtime import resolve_device
 
-    shapes = None
-    if args.shape:
-        shapes = [tuple(int(x) for x in s.split(",")) for s in args.shape]
-        for s in shapes:
-            if len(s) != 5:
-                raise SystemExit(f"--shape wants B,Hq,Hkv,Lk,D; got {s}")
+    shapes = list(args.shape) if args.shape else None
     run(resolve_device(args.device), shapes)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="pootvk", description=__doc__)
+    ap = _Parser(prog="pootvk", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("devices", help="list Vulkan devices and their limits")
     demo = sub.add_parser("demo", help="a decode loop checked against the numpy oracle")
-    demo.add_argument("--steps", type=int, default=256)
-    demo.add_argument("--batch", type=int, default=2)
-    demo.add_argument("--q-heads", type=int, default=8)
-    demo.add_argument("--kv-heads", type=int, default=2)
-    demo.add_argument("--head-dim", type=int, default=64)
-    demo.add_argument("--capacity", type=int, default=256)
+    demo.add_argument("--steps", type=positive_int, default=256)
+    demo.add_argument("--batch", type=positive_int, default=2)
+    demo.add_argument("--q-heads", type=positive_int, default=8)
+    demo.add_argument("--kv-heads", type=positive_int, default=2)
+    demo.add_argument("--head-dim", type=positive_int, default=64)
+    demo.add_argument("--capacity", type=positive_int, default=256)
     demo.add_argument("--softcap", type=float, default=None)
     demo.add_argument("--seed", type=int, default=0)
     bench = sub.add_parser("bench", help="decode-attention GB/s against the read ceiling")
-    bench.add_argument("--shape", action="append", help="B,Hq,Hkv,Lk,D (repeatable)")
+    bench.add_argument("--shape", action="append", type=bench_shape,
+                       help="B,Hq,Hkv,Lk,D (repeatable)")
     for p in (demo, bench, sub.choices["devices"]):
         p.add_argument("--device", default=None, help="index or name substring")
     args = ap.parse_args(argv)

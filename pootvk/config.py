@@ -9,6 +9,8 @@ process-wide one from :func:`config`).
 | POOTVK_VALIDATION   | validation   | 1 = enable VK_LAYER_KHRONOS_validation               |
 | POOTVK_CACHE_DIR    | cache_dir    | SPIR-V cache folder (default ~/.cache/pootvk)        |
 | POOTVK_DEBUG        | debug        | 0 quiet, 1 plan summaries, 2 + generated sources     |
+| POOTVK_FENCE_TIMEOUT_S | fence_timeout_s | seconds a submit may run before DeviceTimeout (600) |
+| POOTVK_CACHE_MAX_BYTES | cache_max_bytes | disk SPIR-V cache cap; oldest files go (256 MiB)   |
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ class Config:
     validation: bool = False
     cache_dir: Path = Path.home() / ".cache" / "pootvk"
     debug: int = 0
+    fence_timeout_s: float = 600.0
+    cache_max_bytes: int = 256 << 20
 
     @staticmethod
     def from_env(env: dict[str, str] | None = None) -> Config:
@@ -35,6 +39,8 @@ class Config:
             validation=env.get("POOTVK_VALIDATION", "0") not in ("", "0", "false", "no"),
             cache_dir=Path(cache_dir) if cache_dir else Path.home() / ".cache" / "pootvk",
             debug=int(env.get("POOTVK_DEBUG", "0") or 0),
+            fence_timeout_s=float(env.get("POOTVK_FENCE_TIMEOUT_S", "") or 600.0),
+            cache_max_bytes=int(env.get("POOTVK_CACHE_MAX_BYTES", "") or 256 << 20),
         )
 
 

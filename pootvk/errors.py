@@ -126,12 +126,69 @@ class VulkanError(PootvkError):
     """A Vulkan call failed, or no usable device/driver exists."""
 
 
-class DeviceNotFound(VulkanError):
-    """POOTVK_DEVICE (or device=) names no device on this machine."""
+#: What to do when the Vulkan loader finds no driver at all.
+INSTALL_HINT = (
+    "no Vulkan driver found: install Mesa's CPU driver lavapipe (apt-get install "
+    "mesa-vulkan-drivers) or your GPU's Vulkan driver, and check VK_DRIVER_FILES / "
+    "VK_ICD_FILENAMES if set"
+)
 
-    def __init__(self, selector: object, available: list[str]) -> None:
+
+class DeviceNotFound(VulkanError):
+    """POOTVK_DEVICE (or device=) names no device on this machine, or there is no Vulkan
+    driver at all (then the message says what to install)."""
+
+    def __init__(self, selector: object, available: list[str], why: str = "") -> None:
         self.selector, self.available = selector, available
-        super().__init__(f"no Vulkan device matches {selector!r}; available: {available}")
+        if not available:
+            msg = f"{INSTALL_HINT}" + (f" ({why})" if why else "")
+        else:
+            msg = f"no Vulkan device matches {selector!r}; available: {available}"
+        super().__init__(msg)
+
+
+class InvalidDevice(PootvkError, TypeError):
+    """``device=`` is neither a Device, an index, a name substring nor None."""
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+        super().__init__(
+            f"device={value!r} ({type(value).__name__}): expected a pootvk Device, a "
+            "non-negative int index, a name substring (str) or None"
+        )
+
+
+class InvalidArgument(PootvkError, TypeError):
+    """A public-API argument has a type or value pootvk cannot use (scale='x', dims=1.5)."""
+
+    def __init__(self, name: str, expected: str, got: object) -> None:
+        self.name, self.expected, self.got = name, expected, got
+        super().__init__(f"{name}: expected {expected}, got {got!r} ({type(got).__name__})")
+
+
+class Closed(PootvkError, RuntimeError):
+    """An object was used after close() (or after its Device was closed)."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        super().__init__(f"{what} is closed; make a new one (or do not close it while in use)")
+
+
+class DeviceTimeout(VulkanError):
+    """A fence wait passed its limit: the work may still be running on the device."""
+
+    def __init__(self, label: str, limit_s: float, still_running: bool = False) -> None:
+        self.label, self.limit_s, self.still_running = label, limit_s, still_running
+        what = ("is still running from a submit that timed out; refusing a new submit"
+                if still_running else f"did not finish within {limit_s:g} s")
+        super().__init__(
+            f"recording {label!r} {what}; raise POOTVK_FENCE_TIMEOUT_S (now {limit_s:g} s) if "
+            "the work is just slow, or make the step smaller"
+        )
+
+
+class CacheCorrupt(UserWarning):
+    """A warning: a disk cache entry failed its check and was discarded (the file is named)."""
 
 
 class InvalidBinding(PootvkError, ValueError):

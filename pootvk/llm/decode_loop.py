@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 
-from ..errors import BindError, CapacityExceeded
+from ..errors import BindError, CapacityExceeded, Closed, InvalidArgument
 from ..ir import Graph
 from ..ops import trace_decode_step
 from ..plan import Plan
 from ..runtime import build_replay, resolve_device
 from ..vk import Device
+
+
+def _dim(name: str, x: object) -> object:
+    """numpy integers are ints; anything else goes on to the tracer's own check."""
+    if isinstance(x, numbers.Integral) and not isinstance(x, bool):
+        return int(x)
+    if x is None or isinstance(x, (bool, numbers.Number)):
+        return x
+    raise InvalidArgument(name, "a positive int", x)
 
 
 class DecodeLoop:
@@ -35,12 +46,17 @@ class DecodeLoop:
         scale: float | None = None,
         timestamps: bool = False,
     ) -> None:
+        batch, q_heads, kv_heads, head_dim, capacity, value_dim = (
+            _dim(n, x) for n, x in (("batch", batch), ("q_heads", q_heads),
+                                    ("kv_heads", kv_heads), ("head_dim", head_dim),
+                                    ("capacity", capacity), ("value_dim", value_dim))
+        )
+        self.device = resolve_device(device)  # a bad device= fails before tracing
         self.shape = (batch, q_heads, kv_heads, head_dim, value_dim or head_dim, capacity)
         self.graph: Graph = trace_decode_step(
             batch, q_heads, kv_heads, head_dim, capacity,
             value_dim=value_dim, softcap=softcap, scale=scale,
         )
-        self.device = resolve_device(device)
         self._replay = build_replay(self.graph, self.device, timestamps=timestamps)
         self.position = 0
 
@@ -69,6 +85,8 @@ class DecodeLoop:
     def step(self, q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray) -> np.ndarray:
         """Append one token's k/v for every row and return attention out [B, Hq, 1, Dv]."""
         b, hq, hkv, dk, dv, cap = self.shape
+        if self._replay.closed:
+            raise Closed(f"DecodeLoop {self.shape}")
         if self.position >= cap:
             raise CapacityExceeded(self.position, 1, cap)
         values = {
@@ -101,6 +119,8 @@ class DecodeLoop:
         self.position = 0
 
     def close(self) -> None:
+        """Free the KV cache and the recording (also done when the loop is garbage-collected:
+        its Replay has a finalizer)."""
         self._replay.close()
 
     def __enter__(self) -> DecodeLoop:

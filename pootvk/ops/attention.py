@@ -8,6 +8,7 @@ nothing per-step is baked into a kernel.
 from __future__ import annotations
 
 import math
+import numbers
 
 from ..errors import ShapeError
 from ..ir import F32, CompareOp, Graph, ReduceOp, Var, check_attention
@@ -151,13 +152,20 @@ def trace_decode_step(
     dv = head_dim if value_dim is None else value_dim
     dims = {"batch": batch, "q_heads": q_heads, "kv_heads": kv_heads, "head_dim": head_dim,
             "value_dim": dv, "q_rows": q_rows, "capacity": capacity}
-    bad = {k: v for k, v in dims.items() if not isinstance(v, int) or v < 1}
+    # numpy integers are ints here (np.int64 from a shape): normalised, bools refused
+    dims = {k: int(v) if isinstance(v, numbers.Integral) and not isinstance(v, bool) else v
+            for k, v in dims.items()}
+    bad = {k: v for k, v in dims.items() if not isinstance(v, int) or isinstance(v, bool)
+           or v < 1}
     if bad:
         raise ShapeError(f"decode step dimensions must be positive ints, got {bad}")
     if q_heads % kv_heads:
         raise ShapeError(f"q_heads={q_heads} is not a multiple of kv_heads={kv_heads}")
     if q_rows > capacity:
         raise ShapeError(f"{q_rows} query rows do not fit a capacity of {capacity}")
+    batch, q_heads, kv_heads, head_dim, capacity, q_rows = (
+        dims[n] for n in ("batch", "q_heads", "kv_heads", "head_dim", "capacity", "q_rows"))
+    dv = dims["value_dim"]
     b = Builder()
     q = b.input("q", (batch, q_heads, q_rows, head_dim))
     k_new = b.input("k_new", (batch, kv_heads, q_rows, head_dim))

@@ -14,11 +14,14 @@ stays 1.
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
-from ..errors import BindError, GuardFailed
+from ..errors import BindError, Closed, GuardFailed
 from ..ir import BOOL, DType, SlotKind
 from ..ir.bind import check_bind
 from ..plan import BufferRole, Location, Plan
@@ -30,15 +33,47 @@ def _device_bytes(arr: np.ndarray) -> np.ndarray:
     return arr.astype(np.uint32) if arr.dtype == np.bool_ else arr
 
 
+class _Resources:
+    """What a Replay owns on its Device, freed by ``close`` or by the Replay's finalizer
+    (which must not refer to the Replay itself, or it would never be collected)."""
+
+    def __init__(self, device: Device) -> None:
+        self.device = device
+        self.buffers: dict[str, Buffer] = {}  # what kernels bind
+        self.staging: dict[str, Buffer] = {}  # host-side copies of per-step inputs
+        self.pipelines: list[Any] = []  # held in the Device's pipeline cache
+        self.recording: Recording | None = None
+
+    def free(self) -> None:
+        if self.recording is not None:
+            self.recording.destroy()
+            self.recording = None
+        for b in (*self.buffers.values(), *self.staging.values()):
+            b.destroy()
+        self.buffers.clear()
+        self.staging.clear()
+        pipes, self.pipelines = self.pipelines, []
+        if not self.device.closed:
+            for p in pipes:
+                self.device.release_pipeline(p)
+
+
 class Replay:
+    """One plan made runnable. Safe to share between threads: ``step`` and the other
+    methods run one caller at a time (a lock per Replay); ``close`` (or garbage
+    collection) frees its buffers and recording; use after close raises Closed."""
+
     def __init__(
         self, device: Device, plan: Plan, spirv: list[bytes], *, timestamps: bool = False
     ) -> None:
         self.device, self.plan = device, plan
-        self.buffers: dict[str, Buffer] = {}  # what kernels bind
-        self.staging: dict[str, Buffer] = {}  # host-side copies of per-step inputs
-        self.recording: Recording | None = None
+        self._res = _Resources(device)
+        self._finalizer = weakref.finalize(self, self._res.free)
+        self._lock = threading.RLock()
+        self.buffers = self._res.buffers
+        self.staging = self._res.staging
         self.recordings = 0
+        self.name = "+".join(k.label for k in plan.kernels) or "replay"
         try:
             uploads = []
             for spec in plan.buffers.values():
@@ -62,7 +97,8 @@ class Replay:
                 self._slot_buffer(name).write(0, _device_bytes(value))
             dispatches = []
             for k, spv in zip(plan.kernels, spirv, strict=True):
-                pipe = device.compute_pipeline(spv, len(k.bindings))
+                pipe = device.compute_pipeline(spv, len(k.bindings), hold=True)
+                self._res.pipelines.append(pipe)
                 binds = tuple(
                     BufferRange(self.buffers[b.location.buffer], b.location.offset,
                                 max(b.location.nbytes, 4))
@@ -72,7 +108,7 @@ class Replay:
                 dispatches.append(
                     Dispatch(pipe, binds, (*k.request.grid, 1), k.label, access=access)
                 )
-            self.recording = Recorder(device).record(
+            self._res.recording = Recorder(device).record(
                 dispatches, timestamps=timestamps, uploads=uploads
             )
             self.recordings += 1
@@ -81,6 +117,19 @@ class Replay:
             raise
         self._per_step = {s.name for s in plan.graph.slots if s.kind.per_step and s.kind.bound}
         self._params = {s.name for s in plan.graph.slots if s.kind is SlotKind.PARAM}
+
+    @property
+    def recording(self) -> Recording | None:
+        return self._res.recording
+
+    @property
+    def closed(self) -> bool:
+        return self._res.recording is None
+
+    def _require_open(self) -> None:
+        if self._res.recording is None:
+            raise Closed(f"replay {self.name!r}")
+        self.device._require_open()
 
     # --- binding -------------------------------------------------------------------------------
     def _slot_buffer(self, name: str) -> Buffer:
@@ -94,19 +143,25 @@ class Replay:
         if bad:
             raise BindError(sorted(bad)[0], sorted(self._params), "not a param", "param name")
         checked = check_bind(self.plan.graph, values, only=set(values))
-        for name, arr in checked.items():
-            self._slot_buffer(name).write(0, _device_bytes(arr))
+        with self._lock:
+            self._require_open()
+            for name, arr in checked.items():
+                self._slot_buffer(name).write(0, _device_bytes(arr))
 
     def set_state(self, name: str, value: object) -> None:
         s = self.plan.graph.slot(name)
         if s.kind is not SlotKind.STATE:
             raise BindError(name, "a state slot", s.kind.value, "slot kind")
         arr = check_bind(self.plan.graph, {name: value}, only={name})[name]
-        self._slot_buffer(name).write(0, _device_bytes(arr))
+        with self._lock:
+            self._require_open()
+            self._slot_buffer(name).write(0, _device_bytes(arr))
 
     def read_state(self, name: str) -> np.ndarray:
         s = self.plan.graph.slot(name)
-        return self._read(self.plan.locations[s.var], s.var.shape, s.var.dtype)
+        with self._lock:
+            self._require_open()
+            return self._read(self.plan.locations[s.var], s.var.shape, s.var.dtype)
 
     def _read(self, loc: Location, shape: tuple[int, ...], dtype: DType) -> np.ndarray:
         dev_dt = np.uint32 if dtype is BOOL else dtype.numpy
@@ -118,31 +173,34 @@ class Replay:
         """Bind per-step slots (and any params given), run the recording, return exports."""
         g = self.plan.graph
         names = self._per_step | (set(values) & self._params)
+        self._require_open()
         checked = check_bind(g, values, only=names)
-        for name, arr in checked.items():
-            self._slot_buffer(name).write(0, _device_bytes(arr))
-        assert self.recording is not None
-        self.recording.submit(wait=True)
-        out = {}
-        for name, v in g.validations.items():
-            w = self._read(self.plan.outputs[name], v.shape, v.dtype)
-            if np.any(w):
-                raise GuardFailed(name, w.tolist())
-        for name, v in g.exports.items():
-            out[name] = self._read(self.plan.outputs[name], v.shape, v.dtype)
-        return out
+        with self._lock:  # bind + submit + read: one caller at a time
+            self._require_open()
+            for name, arr in checked.items():
+                self._slot_buffer(name).write(0, _device_bytes(arr))
+            rec = self._res.recording
+            assert rec is not None
+            rec.submit(wait=True)
+            out = {}
+            for name, v in g.validations.items():
+                w = self._read(self.plan.outputs[name], v.shape, v.dtype)
+                if np.any(w):
+                    raise GuardFailed(name, w.tolist())
+            for name, v in g.exports.items():
+                out[name] = self._read(self.plan.outputs[name], v.shape, v.dtype)
+            return out
 
     def gpu_time_ns(self) -> float | None:
-        return self.recording.gpu_time_ns() if self.recording else None
+        with self._lock:
+            rec = self._res.recording
+            return rec.gpu_time_ns() if rec else None
 
     def close(self) -> None:
-        if self.recording is not None:
-            self.recording.destroy()
-            self.recording = None
-        for b in (*self.buffers.values(), *self.staging.values()):
-            b.destroy()
-        self.buffers.clear()
-        self.staging.clear()
+        """Free the buffers, the recording and the held pipelines (idempotent); waits for
+        a caller that is mid-step."""
+        with self._lock:
+            self._finalizer()
 
     def __enter__(self) -> Replay:
         return self

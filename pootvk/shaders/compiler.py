@@ -10,20 +10,31 @@ multiple of 4) for Vulkan 1.1 / SPIR-V 1.3, or raises :class:`ShaderCompileError
 glslang's log. Results are content-addressed by ``sha256(source + options)`` both in memory
 and on disk (``<cache_dir>/spirv/<hash>.spv``, written atomically), so a replayed plan never
 recompiles.
+
+A disk entry is ``HEADER_MAGIC + sha256(source + options) + sha256(spirv) + spirv``: an
+entry that is truncated, unreadable, or whose digests do not match its name and contents is
+discarded with a :class:`~pootvk.errors.CacheCorrupt` warning naming the file, recompiled
+and rewritten. The in-memory memo is an LRU of ``MAX_MEMO`` modules; the folder is capped at
+``config().cache_max_bytes`` (POOTVK_CACHE_MAX_BYTES), least recently used files first.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import sys
 import tempfile
 import threading
+import warnings
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 from pootvk.config import config
-from pootvk.errors import ShaderCompileError
+from pootvk.errors import CacheCorrupt, ShaderCompileError
+
+log = logging.getLogger("pootvk")
 
 _CDEF = """
 typedef struct glslang_shader_s glslang_shader_t;
@@ -88,7 +99,14 @@ OPTIONS = "glslang13;vulkan1.1;spv1.3;glsl450;compute;msg=24"
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {}
-_memory_cache: dict[str, bytes] = {}
+_memory_cache: OrderedDict[str, bytes] = OrderedDict()
+_memo_lock = threading.Lock()
+#: SPIR-V modules kept in memory (LRU).
+MAX_MEMO = 512
+#: First bytes of a disk entry (bump the digit when the layout changes).
+HEADER_MAGIC = b"PVKSPV1\n"
+HEADER_BYTES = len(HEADER_MAGIC) + 64
+SPIRV_MAGIC = b"\x03\x02\x23\x07"
 #: Number of times glslang was actually invoked (tests assert cache hits against it).
 glslang_calls = 0
 #: Number of compile_glsl calls, cache hits included (a replayed plan makes none).
@@ -188,45 +206,132 @@ def cache_key(source: str) -> str:
     return hashlib.sha256((source + "\0" + OPTIONS).encode("utf-8")).hexdigest()
 
 
-def compile_glsl(source: str, *, cache_dir: Path | None = None) -> bytes:
-    """Compile one GLSL 450 compute shader to SPIR-V (Vulkan 1.1 / SPIR-V 1.3).
+def _memo_put(key: str, data: bytes) -> None:
+    with _memo_lock:
+        _memory_cache[key] = data
+        _memory_cache.move_to_end(key)
+        while len(_memory_cache) > MAX_MEMO:
+            _memory_cache.popitem(last=False)
 
-    Looks in the in-process cache, then ``{cache_dir or config().cache_dir}/spirv``, then
-    runs glslang and stores the result in both. Raises ShaderCompileError(log, source).
-    """
-    global compile_requests
-    compile_requests += 1
-    key = cache_key(source)
-    hit = _memory_cache.get(key)
-    if hit is not None:
-        return hit
-    folder = Path(cache_dir if cache_dir is not None else config().cache_dir) / "spirv"
-    path = folder / f"{key}.spv"
+
+def encode_entry(key: str, spirv: bytes) -> bytes:
+    """The bytes of a disk entry for ``key`` (the source digest) holding ``spirv``."""
+    return HEADER_MAGIC + bytes.fromhex(key) + hashlib.sha256(spirv).digest() + spirv
+
+
+def decode_entry(key: str, data: bytes) -> bytes | None:
+    """The SPIR-V in a disk entry, or None when it fails any check (None: recompile)."""
+    if len(data) < HEADER_BYTES + 20 or not data.startswith(HEADER_MAGIC):
+        return None
+    m = len(HEADER_MAGIC)
+    src_digest, spv_digest, spv = data[m : m + 32], data[m + 32 : m + 64], data[HEADER_BYTES:]
+    if src_digest != bytes.fromhex(key) or hashlib.sha256(spv).digest() != spv_digest:
+        return None
+    if len(spv) % 4 or spv[:4] != SPIRV_MAGIC:
+        return None
+    return spv
+
+
+def _read_entry(path: Path, key: str) -> bytes | None:
     try:
         data = path.read_bytes()
-        if len(data) >= 20 and len(data) % 4 == 0 and data[:4] == b"\x03\x02\x23\x07":
-            _memory_cache[key] = data
-            return data
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        why = f"unreadable ({e})"
+        data = None
+    if data is not None:
+        spv = decode_entry(key, data)
+        if spv is not None:
+            try:
+                os.utime(path)  # recently used: the size cap evicts oldest first
+            except OSError:
+                pass
+            return spv
+        if data.startswith(SPIRV_MAGIC):  # an entry from before headers: replace quietly
+            log.info("replacing headerless SPIR-V cache entry %s", path)
+            return None
+        why = f"corrupt ({len(data)} bytes; header, digest or SPIR-V check failed)"
+    warnings.warn(f"pootvk: discarding cache entry {path}: {why}; recompiling", CacheCorrupt,
+                  stacklevel=3)
+    log.warning("discarding SPIR-V cache entry %s: %s", path, why)
+    try:
+        path.unlink()
     except OSError:
         pass
-    with _lock:  # glslang's C interface is not documented as thread-safe
-        data = _glslang_compile(source)
-    _memory_cache[key] = data
+    return None
+
+
+def _write_entry(folder: Path, path: Path, key: str, spirv: bytes, max_bytes: int) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{key}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
+                f.write(encode_entry(key, spirv))
+            os.replace(tmp, path)  # atomic: a reader sees the old entry or the new one
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+        trim_disk_cache(folder, max_bytes)
     except OSError:
         pass  # a read-only cache folder costs a recompile next process, nothing else
+
+
+def trim_disk_cache(folder: Path, max_bytes: int) -> int:
+    """Delete the least recently used ``*.spv`` files until the folder holds at most
+    ``max_bytes``; returns how many were deleted."""
+    entries = []
+    for e in os.scandir(folder):
+        if e.name.endswith(".spv"):
+            try:
+                st = e.stat()
+            except OSError:
+                continue
+            entries.append((st.st_mtime_ns, st.st_size, e.path))
+    total = sum(size for _, size, _ in entries)
+    removed = 0
+    for _, size, p in sorted(entries):
+        if total <= max_bytes:
+            break
+        try:
+            os.unlink(p)
+        except OSError:
+            continue
+        total -= size
+        removed += 1
+    return removed
+
+
+def compile_glsl(source: str, *, cache_dir: Path | None = None) -> bytes:
+    """Compile one GLSL 450 compute shader to SPIR-V (Vulkan 1.1 / SPIR-V 1.3).
+
+    Looks in the in-process cache, then ``{cache_dir or config().cache_dir}/spirv`` (a
+    verified entry), then runs glslang and stores the result in both. Raises
+    ShaderCompileError(log, source).
+    """
+    global compile_requests
+    compile_requests += 1
+    key = cache_key(source)
+    with _memo_lock:
+        hit = _memory_cache.get(key)
+        if hit is not None:
+            _memory_cache.move_to_end(key)
+            return hit
+    folder = Path(cache_dir if cache_dir is not None else config().cache_dir) / "spirv"
+    path = folder / f"{key}.spv"
+    data = _read_entry(path, key)
+    if data is not None:
+        _memo_put(key, data)
+        return data
+    with _lock:  # glslang's C interface is not documented as thread-safe
+        data = _glslang_compile(source)
+    _memo_put(key, data)
+    _write_entry(folder, path, key, data, config().cache_max_bytes)
     return data
 
 
 def clear_memory_cache() -> None:
     """Forget in-process results (tests use it to reach the on-disk cache)."""
-    _memory_cache.clear()
+    with _memo_lock:
+        _memory_cache.clear()

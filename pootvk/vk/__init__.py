@@ -4,7 +4,7 @@ Every handle has exactly one owner that destroys it (an ``Owned``: Buffer, Pipel
 Recording); a Device owns everything made through it and destroys it all on ``close()``.
 """
 
-from .device import Device, default_device
+from .device import Device, default_device, physical_index, shared_device
 from .hazards import Access, barriers_before
 from .instance import validation_active
 from .memory import Buffer
@@ -30,6 +30,8 @@ __all__ = [
     "clear_validation_messages",
     "default_device",
     "physical_devices",
+    "physical_index",
+    "shared_device",
     "validation_active",
     "validation_messages",
 ]

@@ -9,14 +9,16 @@ then the VkDevice), so neither tests nor the validation layer ever see a leak.
 from __future__ import annotations
 
 import logging
+import numbers
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 import vulkan as vk
 
 from pootvk.config import Config, config
-from pootvk.errors import VulkanError
+from pootvk.errors import Closed, DeviceTimeout, InvalidDevice, VulkanError
 from pootvk.plan.profile import DeviceProfile
 
 from .instance import call, instance, live_devices
@@ -28,6 +30,8 @@ from .pipeline import Pipeline, pipeline_key
 log = logging.getLogger("pootvk.vk")
 
 FENCE_TIMEOUT_NS = 600 * 1_000_000_000  # a step that takes 10 minutes is a hang
+#: Compiled pipelines kept per Device when no recording uses them (LRU beyond that).
+MAX_CACHED_PIPELINES = 64
 
 
 class Device:
@@ -45,8 +49,13 @@ class Device:
         self.handle: Any = None
         self._live = 0
         self._owned: dict[int, Owned] = {}  # id -> Buffer | Pipeline | Recording, creation order
-        self._pipelines: dict[tuple[str, int], Pipeline] = {}
+        self._pipelines: OrderedDict[tuple[str, int], Pipeline] = OrderedDict()
+        self._pipeline_users: dict[tuple[str, int], int] = {}
+        self.max_cached_pipelines = MAX_CACHED_PIPELINES
         self._lock = threading.RLock()
+        #: Vulkan requires external synchronisation of a VkQueue: every vkQueueSubmit on
+        #: this device's queue (recordings and one-shot transfers) holds this lock.
+        self.queue_lock = threading.Lock()
         instance(self.config.validation)
         chosen: PhysicalDeviceInfo = select(
             selector if selector is not None else self.config.device, physical_devices()
@@ -140,9 +149,11 @@ class Device:
         self._owned[id(obj)] = obj
 
     def _disown(self, obj: Owned) -> None:
-        self._owned.pop(id(obj), None)
-        if isinstance(obj, Pipeline):
-            self._pipelines.pop(obj.key, None)
+        with self._lock:
+            self._owned.pop(id(obj), None)
+            if isinstance(obj, Pipeline) and self._pipelines.get(obj.key) is obj:
+                self._pipelines.pop(obj.key, None)
+                self._pipeline_users.pop(obj.key, None)
 
     def live_objects(self) -> int:
         """Vulkan handles currently owned through this Device (buffers, memories, pipeline
@@ -155,7 +166,12 @@ class Device:
 
     def _require_open(self) -> None:
         if self.handle is None:
-            raise VulkanError(f"device {self.name!r} is closed")
+            raise Closed(f"device {self.name!r}")
+
+    @property
+    def fence_timeout_ns(self) -> int:
+        """config.fence_timeout_s (POOTVK_FENCE_TIMEOUT_S) in nanoseconds."""
+        return max(0, int(self.config.fence_timeout_s * 1e9))
 
     # --- factories -----------------------------------------------------------------------
 
@@ -164,8 +180,13 @@ class Device:
         self._require_open()
         return Buffer(self, nbytes, host_visible=host_visible, name=name)
 
-    def compute_pipeline(self, spirv: bytes, n_bindings: int) -> Pipeline:
-        """The pipeline for (spirv, n_bindings), created once and cached on this device."""
+    def compute_pipeline(self, spirv: bytes, n_bindings: int, *, hold: bool = False) -> Pipeline:
+        """The pipeline for (spirv, n_bindings), created once and cached on this device.
+
+        The cache is an LRU of ``max_cached_pipelines`` entries: beyond that the least
+        recently used pipeline that nobody holds is destroyed. ``hold=True`` marks it in use
+        (never evicted) until :meth:`release_pipeline`; a Replay holds its pipelines.
+        """
         self._require_open()
         key = pipeline_key(spirv, n_bindings)
         with self._lock:
@@ -173,7 +194,33 @@ class Device:
             if p is None or p.destroyed:
                 p = Pipeline(self, spirv, n_bindings)
                 self._pipelines[key] = p
+            self._pipelines.move_to_end(key)
+            if hold:
+                self._pipeline_users[key] = self._pipeline_users.get(key, 0) + 1
+            self._trim_pipelines(keep=key)
             return p
+
+    def release_pipeline(self, p: Pipeline) -> None:
+        """Undo one ``compute_pipeline(..., hold=True)``."""
+        with self._lock:
+            n = self._pipeline_users.get(p.key, 0) - 1
+            if n > 0:
+                self._pipeline_users[p.key] = n
+            else:
+                self._pipeline_users.pop(p.key, None)
+            self._trim_pipelines()
+
+    def _trim_pipelines(self, keep: tuple[str, int] | None = None) -> None:
+        over = len(self._pipelines) - self.max_cached_pipelines
+        if over <= 0 or self.handle is None:
+            return
+        for key in list(self._pipelines):
+            if over <= 0:
+                break
+            if key == keep or self._pipeline_users.get(key, 0) > 0:
+                continue
+            self._pipelines[key].destroy()  # _disown drops it from the map
+            over -= 1
 
     # --- one-shot transfers (staging path) -----------------------------------------------
 
@@ -213,8 +260,18 @@ class Device:
                 submit = vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=cb_list)
                 submits = [submit]
                 fences = [self._transfer_fence]
-                call(vk.vkQueueSubmit, self.queue, 1, submits, self._transfer_fence)
-                call(vk.vkWaitForFences, self.handle, 1, fences, vk.VK_TRUE, FENCE_TIMEOUT_NS)
+                with self.queue_lock:
+                    call(vk.vkQueueSubmit, self.queue, 1, submits, self._transfer_fence)
+                r = vk.lib.vkWaitForFences(self.handle, 1, fences, vk.VK_TRUE,
+                                           self.fence_timeout_ns)
+                if r == vk.VK_TIMEOUT:
+                    # The copy still runs: wait it out before freeing its command buffer,
+                    # then report (a copy is never expected to be this slow).
+                    vk.lib.vkWaitForFences(self.handle, 1, fences, vk.VK_TRUE, FENCE_TIMEOUT_NS)
+                    call(vk.vkResetFences, self.handle, 1, fences)
+                    raise DeviceTimeout("one-shot transfer", self.config.fence_timeout_s)
+                if r != vk.VK_SUCCESS:
+                    raise VulkanError(f"vkWaitForFences returned VkResult {r}")
                 call(vk.vkResetFences, self.handle, 1, fences)
             finally:
                 vk.vkFreeCommandBuffers(self.handle, self._transfer_pool, 1, cbs)
@@ -242,16 +299,31 @@ class Device:
         except Exception:  # a lost device still has to release its handles
             log.exception("vkDeviceWaitIdle failed during close")
         # Recordings, then pipelines, then buffers (Owned.CLOSE_RANK); creation order within.
-        for obj in sorted(self._owned.values(), key=lambda o: o.CLOSE_RANK):
+        with self._lock:
+            owned = sorted(list(self._owned.values()), key=lambda o: o.CLOSE_RANK)
+        for obj in owned:
             obj.destroy()
-        self._pipelines.clear()
-        self._owned.clear()
+        with self._lock:
+            self._pipelines.clear()
+            self._pipeline_users.clear()
+            self._owned.clear()
         vk.vkDestroyFence(self.handle, self._transfer_fence, None)
         vk.vkDestroyCommandPool(self.handle, self._transfer_pool, None)
         self._track(-2)
         vk.vkDestroyDevice(self.handle, None)
         self.handle = None
         live_devices.discard(self)
+
+    def __del__(self) -> None:
+        # Not weakref.finalize: every Owned refers to its Device and the Device to them
+        # (a cycle), so a finalizer holding what close() needs would keep the Device alive
+        # forever. The cycle collector runs __del__ (PEP 442) while the owned objects are
+        # still intact, so close() destroys them all in order.
+        try:
+            if getattr(self, "handle", None) is not None:
+                self.close()
+        except Exception:  # never raise from the collector
+            log.exception("closing a garbage-collected Device failed")
 
     def __enter__(self) -> Device:
         return self
@@ -264,15 +336,39 @@ class Device:
         return f"Device({self.name!r}, {self.profile.device_type}, {state})"
 
 
-_default: Device | None = None
-_default_lock = threading.Lock()
+_shared: dict[int, Device] = {}  # physical-device index -> the shared Device
+_default_lock = threading.RLock()
+
+
+def physical_index(selector: object) -> int:
+    """The physical-device index a selector names (None: ``config().device``, then the best
+    kind). Refuses a selector of the wrong type with InvalidDevice (``1.5``, ``True``...)."""
+    if isinstance(selector, bool) or not (
+        selector is None or isinstance(selector, (str, numbers.Integral))
+    ):
+        raise InvalidDevice(selector)
+    if isinstance(selector, numbers.Integral):
+        selector = int(selector)
+        if selector < 0:
+            raise InvalidDevice(selector)
+    instance(config().validation)
+    sel = selector if selector is not None else config().device
+    return select(sel, physical_devices()).index
+
+
+def shared_device(selector: object = None) -> Device:
+    """The one process-wide Device of the physical device ``selector`` names: ``0``, ``"0"``,
+    a name substring and the default all give the same object when they name the same
+    physical device. Re-created if it was closed."""
+    index = physical_index(selector)
+    with _default_lock:
+        d = _shared.get(index)
+        if d is None or d.closed:
+            d = _shared[index] = Device(index, config())
+        return d
 
 
 def default_device() -> Device:
     """The process-wide Device, created on first call from ``config()`` (re-created if it
     was closed)."""
-    global _default
-    with _default_lock:
-        if _default is None or _default.closed:
-            _default = Device(None, config())
-        return _default
+    return shared_device(None)

@@ -17,7 +17,7 @@ from typing import Any
 import vulkan as vk
 
 from pootvk.config import config
-from pootvk.errors import VulkanError
+from pootvk.errors import DeviceNotFound, VulkanError
 
 from . import validation
 
@@ -88,7 +88,12 @@ class Instance:
             ppEnabledLayerNames=layers or None,
             ppEnabledExtensionNames=extensions or None,
         )
-        self.handle = call(vk.vkCreateInstance, info, None)
+        try:
+            self.handle = vk.vkCreateInstance(info, None)
+        except (vk.VkErrorIncompatibleDriver, vk.VkErrorInitializationFailed) as e:
+            raise DeviceNotFound(None, [], f"vkCreateInstance: {type(e).__name__}") from e
+        except (vk.VkError, vk.VkException) as e:
+            raise VulkanError(f"vkCreateInstance failed: {type(e).__name__}") from e
         del info, app
         self._messenger = None
         self._destroy_messenger: Callable[..., Any] | None = None

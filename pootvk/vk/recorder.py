@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 import vulkan as vk
 
-from pootvk.errors import BindingRange, GridLimit, InvalidBinding, VulkanError
+from pootvk.errors import (
+    BindingRange,
+    Closed,
+    DeviceTimeout,
+    GridLimit,
+    InvalidBinding,
+    VulkanError,
+)
 
 from .hazards import Access, barriers_before
 from .instance import call
@@ -177,6 +184,8 @@ class Recording(Owned):
         self.barrier_before: tuple[bool, ...] = barriers_before(dispatches)
         self._pending = False
         self._submitted = False
+        #: What DeviceTimeout names: the dispatches' labels.
+        self.label = "+".join(d.label or f"#{i}" for i, d in enumerate(dispatches)) or "empty"
         self._n_queries = len(dispatches) + 1
         super().__init__(device)
 
@@ -294,7 +303,7 @@ class Recording(Owned):
 
     def _check_alive(self) -> None:
         if self.command_pool is None:
-            raise VulkanError("recording was destroyed")
+            raise Closed(f"recording {self.label!r}")
         self.device._require_open()
 
     def submit(self, wait: bool = True) -> None:
@@ -305,25 +314,40 @@ class Recording(Owned):
         hot path: it calls the loader directly with structs built once at record time.
         """
         self._check_alive()
+        if self._pending and self._timed_out:
+            # A submit that timed out: never block on it again; go on only once it finished.
+            if vk.lib.vkGetFenceStatus(self.device.handle, self.fence) != vk.VK_SUCCESS:
+                raise DeviceTimeout(self.label, self.device.config.fence_timeout_s, True)
+            self._pending = self._timed_out = False
         self.wait()
         lib, dev = vk.lib, self.device.handle
         _check(lib.vkResetFences(dev, 1, self._fence_arr), "vkResetFences")
-        _check(lib.vkQueueSubmit(self.device.queue, 1, self._submit_info, self.fence),
-               "vkQueueSubmit")
+        with self.device.queue_lock:  # VkQueue access must be externally synchronised
+            r = lib.vkQueueSubmit(self.device.queue, 1, self._submit_info, self.fence)
+        _check(r, "vkQueueSubmit")
         self._pending = True
         self._submitted = True
         if wait:
             self.wait()
 
-    def wait(self) -> None:
-        """Block until the last submit finished (no-op when none is in flight)."""
+    _timed_out = False
+
+    def wait(self, timeout_ns: int | None = None) -> None:
+        """Block until the last submit finished (no-op when none is in flight).
+
+        Past ``timeout_ns`` (default the device's POOTVK_FENCE_TIMEOUT_S) raise
+        DeviceTimeout naming this recording; the submit is then marked timed out, so the
+        next ``submit`` checks the fence without blocking instead of hanging again.
+        """
         if not self._pending:
             return
-        r = vk.lib.vkWaitForFences(
-            self.device.handle, 1, self._fence_arr, vk.VK_TRUE, FENCE_TIMEOUT_NS
-        )
+        limit = self.device.fence_timeout_ns if timeout_ns is None else timeout_ns
+        r = vk.lib.vkWaitForFences(self.device.handle, 1, self._fence_arr, vk.VK_TRUE, limit)
+        if r == vk.VK_TIMEOUT:
+            self._timed_out = True
+            raise DeviceTimeout(self.label, limit / 1e9)
         _check(r, "vkWaitForFences")
-        self._pending = False
+        self._pending = self._timed_out = False
 
     def _timestamps(self) -> list[int] | None:
         if not self.timestamps or not self._submitted:
@@ -360,6 +384,6 @@ class Recording(Owned):
         # A submit in flight still uses the command buffer, the sets and the fence.
         if self._pending:
             try:
-                self.wait()
+                self.wait(FENCE_TIMEOUT_NS)  # even past a DeviceTimeout: it must finish
             except VulkanError:
                 pass

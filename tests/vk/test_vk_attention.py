@@ -1,5 +1,7 @@
 """pootvk.attention on the live Vulkan device against the independent float64 reference."""
 
+import contextlib
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -80,21 +82,22 @@ def test_repeated_calls_reuse_one_replay(device, monkeypatch):
 
     got, traces, recordings = [], [], []
 
-    def spy_cached_replay(key, trace, dev):
+    @contextlib.contextmanager
+    def spy_held_replay(key, trace, dev):
         def counted_trace():
             traces.append(key)
             return trace()
 
-        rp = cached_replay(key, counted_trace, dev)
-        got.append(rp)
-        return rp
+        with held_replay(key, counted_trace, dev) as rp:
+            got.append(rp)
+            yield rp
 
     def spy_record(self, *a, **kw):
         recordings.append(self)
         return record(self, *a, **kw)
 
-    cached_replay, record = api.cached_replay, replay_mod.Recorder.record
-    monkeypatch.setattr(api, "cached_replay", spy_cached_replay)
+    held_replay, record = api.held_replay, replay_mod.Recorder.record
+    monkeypatch.setattr(api, "held_replay", spy_held_replay)
     monkeypatch.setattr(replay_mod.Recorder, "record", spy_record)
     rng = np.random.default_rng(3)
     q = rng.standard_normal((1, 4, 1, 16), dtype=np.float32)
