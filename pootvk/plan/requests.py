@@ -43,6 +43,11 @@ class AttentionRequest:
     grid: tuple[int, int]
     keys_per_step: int = 2  # keys a lane takes per loop step (its loads all in flight)
 
+    def push_constants(self) -> tuple[int, ...]:
+        """Push-constant words: the key length Lk, so neither the generated source nor the
+        driver's pipeline depends on it and one compiled kernel serves every length."""
+        return (self.lk,)
+
     def bindings(self) -> tuple[Binding, ...]:
         r = Access.READ
         names = ("q", "k", "v", "mask") if self.mask is not None else ("q", "k", "v")
@@ -99,6 +104,9 @@ class PrimRequest:
             j for j, op in enumerate(self.inputs)
             if not isinstance(op, LiteralOperand) and j != skip
         )
+
+    def push_constants(self) -> tuple[int, ...]:
+        return ()
 
     def bindings(self) -> tuple[Binding, ...]:
         ins = tuple(

@@ -97,7 +97,8 @@ class Replay:
                 self._slot_buffer(name).write(0, _device_bytes(value))
             dispatches = []
             for k, spv in zip(plan.kernels, spirv, strict=True):
-                pipe = device.compute_pipeline(spv, len(k.bindings), hold=True)
+                push = k.request.push_constants()
+                pipe = device.compute_pipeline(spv, len(k.bindings), len(push), hold=True)
                 self._res.pipelines.append(pipe)
                 binds = tuple(
                     BufferRange(self.buffers[b.location.buffer], b.location.offset,
@@ -106,7 +107,8 @@ class Replay:
                 )
                 access = tuple(b.binding.access for b in k.bindings)  # barriers on hazards
                 dispatches.append(
-                    Dispatch(pipe, binds, (*k.request.grid, 1), k.label, access=access)
+                    Dispatch(pipe, binds, (*k.request.grid, 1), k.label, access=access,
+                             push=push)
                 )
             self._res.recording = Recorder(device).record(
                 dispatches, timestamps=timestamps, uploads=uploads

@@ -14,6 +14,11 @@ A lane takes ``keys_per_step`` of its keys per loop step (t, t + lanes, ...): th
 are all in flight together and the accumulator is rescaled once per step, not per key. The
 key-to-lane assignment and the order each lane sees its keys are unchanged.
 
+Loops over the head dimension stay loops (``[[dont_unroll]]``): with them unrolled, the
+first call at D=128 took 40 s on lavapipe from Mesa 25.0.7 (3.5 s on Mesa 22.3); rolled,
+2.1 s and 0.45 s, and the rolled kernel ran 1.2-2.8x faster on lavapipe (BENCHMARKS.md). The key count Lk is a push constant, so one SPIR-V module and
+one driver pipeline serve every length.
+
 Bindings: the request's ``bindings()`` (q, k, v, [mask], o); with ``vec == 4`` q/k/v/o are
 read as vec4. The kernel is composed of named parts that later schedules reuse: bindings,
 indexing (which rows a workgroup owns), the score transform (scale, softcap, mask), the
@@ -27,7 +32,6 @@ from ..plan.requests import AttentionRequest
 from .common import declare_bindings, float_lit, group_id, header
 from .table import generators
 
-UNROLL = "#extension GL_EXT_control_flow_attributes : require\n"
 NEG_INF = float_lit(float("-inf"))
 
 
@@ -50,7 +54,7 @@ def indexing_part(r: AttentionRequest) -> str:
     uint g = h / {r.n_rep}u;
     uint lane = gl_LocalInvocationID.x;
     uint qb = ((b * {r.hq}u + h) * {r.lq}u + row) * DK;
-    uint kbase = (b * {r.hkv}u + g) * {r.lk}u;
+    uint kbase = (b * {r.hkv}u + g) * LK;
 """
 
 
@@ -64,7 +68,7 @@ def score_transform(r: AttentionRequest, s: str, t: str, indent: str = "        
         mb, mh, mq = r.mask
         mrow = (
             f"(({'b' if mb > 1 else '0u'} * {mh}u + {'h' if mh > 1 else '0u'}) * {mq}u"
-            f" + {'row' if mq > 1 else '0u'}) * {r.lk}u"
+            f" + {'row' if mq > 1 else '0u'}) * LK"
         )
         lines.append(f"{s} += mask[{mrow} + {t}];")
     return [indent + x for x in lines]
@@ -80,13 +84,13 @@ def online_update(r: AttentionRequest) -> str:
     for j in keys:
         if j:
             body.append(f"        uint t{j} = t + {j}u * LANES;")
-            body.append(f"        bool ok{j} = t{j} < {r.lk}u;")
+            body.append(f"        bool ok{j} = t{j} < LK;")
             body.append(f"        if (!ok{j}) t{j} = t;")
         else:
             body.append("        uint t0 = t;")
         body.append(f"        uint kb{j} = (kbase + t{j}) * DK;")
         body.append(f"        float s{j} = 0.0;")
-    body.append("        [[unroll]] for (uint d = 0u; d < DK; ++d) {")
+    body.append("        [[dont_unroll]] for (uint d = 0u; d < DK; ++d) {")
     body.append("            " + t + " qd = q[qb + d];")
     for j in keys:
         body.append(f"            s{j} += {dot.format(j=j)};")
@@ -107,7 +111,7 @@ def online_update(r: AttentionRequest) -> str:
         body.append(f"        uint vb{j} = (kbase + t{j}) * DV;")
     body.append("        l = l * rescale" + "".join(f" + p{j}" for j in keys) + ";")
     upd = "".join(f" + p{j} * v[vb{j} + c]" for j in keys)
-    body.append("        [[unroll]] for (uint c = 0u; c < DV; ++c) {")
+    body.append("        [[dont_unroll]] for (uint c = 0u; c < DV; ++c) {")
     body.append(f"            s_acc[c * LANES + lane] = s_acc[c * LANES + lane] * rescale{upd};")
     body.append("        }")
     body.append("        m = m_new;")
@@ -115,7 +119,7 @@ def online_update(r: AttentionRequest) -> str:
     return f"""    for (uint c = 0u; c < DV; ++c) s_acc[c * LANES + lane] = {t}(0.0);
     float m = NEG_INF;
     float l = 0.0;
-    for (uint t = lane; t < {r.lk}u; t += {r.keys_per_step}u * LANES) {{
+    for (uint t = lane; t < LK; t += {r.keys_per_step}u * LANES) {{
 {loop}
     }}
 """
@@ -155,9 +159,10 @@ def generate_attention(r: AttentionRequest) -> str:
     t = _vec(r)
     return (
         header(r.lanes)
-        + UNROLL
+        + "#extension GL_EXT_control_flow_attributes : require\n"
         + bindings_part(r)
         + f"""
+layout(push_constant) uniform Push {{ uint lk; }} pc;  // keys: one kernel, every length
 const uint LANES = {r.lanes}u;
 const uint DK = {r.dk // r.vec}u;  // in units of {t}
 const uint DV = {r.dv // r.vec}u;
@@ -167,6 +172,7 @@ shared float s_l[LANES];
 
 void main() {{
     const float NEG_INF = {NEG_INF};  // a bit pattern: not a constant expression globally
+    uint LK = pc.lk;
 """
         + indexing_part(r)
         + online_update(r)

@@ -180,19 +180,22 @@ class Device:
         self._require_open()
         return Buffer(self, nbytes, host_visible=host_visible, name=name)
 
-    def compute_pipeline(self, spirv: bytes, n_bindings: int, *, hold: bool = False) -> Pipeline:
-        """The pipeline for (spirv, n_bindings), created once and cached on this device.
+    def compute_pipeline(
+        self, spirv: bytes, n_bindings: int, push_words: int = 0, *, hold: bool = False
+    ) -> Pipeline:
+        """The pipeline for (spirv, n_bindings, push-constant words), created once and cached
+        on this device.
 
         The cache is an LRU of ``max_cached_pipelines`` entries: beyond that the least
         recently used pipeline that nobody holds is destroyed. ``hold=True`` marks it in use
         (never evicted) until :meth:`release_pipeline`; a Replay holds its pipelines.
         """
         self._require_open()
-        key = pipeline_key(spirv, n_bindings)
+        key = pipeline_key(spirv, n_bindings, push_words)
         with self._lock:
             p = self._pipelines.get(key)
             if p is None or p.destroyed:
-                p = Pipeline(self, spirv, n_bindings)
+                p = Pipeline(self, spirv, n_bindings, push_words)
                 self._pipelines[key] = p
             self._pipelines.move_to_end(key)
             if hold:

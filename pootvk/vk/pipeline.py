@@ -1,8 +1,11 @@
 """Compute pipelines: shader module + descriptor set layout + pipeline layout + pipeline.
 
 Contract every generated kernel follows: entry point ``main``, descriptor set 0, storage
-buffers at bindings 0..n-1, no push constants (per-step values live in bound buffers so one
-recording stays valid for every step). A Device caches pipelines per (sha256(spirv), n).
+buffers at bindings 0..n-1, and optionally ``push_words`` uint32 push constants for shape
+values that are fixed for a recording but must not be baked into the source (a sequence
+length): one SPIR-V module and one driver pipeline then serve every length. Values that
+change per step never go there (they live in bound buffers, so one recording stays valid
+for every step). A Device caches pipelines per (sha256(spirv), n, push_words).
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ if TYPE_CHECKING:
 ENTRY_POINT = "main"
 
 
-def pipeline_key(spirv: bytes, n_bindings: int) -> tuple[str, int]:
-    return hashlib.sha256(spirv).hexdigest(), n_bindings
+def pipeline_key(spirv: bytes, n_bindings: int, push_words: int = 0) -> tuple[str, int, int]:
+    return hashlib.sha256(spirv).hexdigest(), n_bindings, push_words
 
 
 class Pipeline(Owned):
@@ -41,13 +44,18 @@ class Pipeline(Owned):
     set_layout: Any
     shader_module: Any
 
-    def __init__(self, device: Device, spirv: bytes, n_bindings: int) -> None:
+    def __init__(
+        self, device: Device, spirv: bytes, n_bindings: int, push_words: int = 0
+    ) -> None:
         if n_bindings < 1:
             raise ValueError(f"a compute pipeline needs at least one binding, got {n_bindings}")
         if len(spirv) % 4 or len(spirv) < 20 or spirv[:4] != b"\x03\x02\x23\x07":
             raise ValueError(f"not a SPIR-V module ({len(spirv)} bytes)")
+        if not 0 <= push_words <= 32:  # 128 bytes: the least maxPushConstantsSize allows
+            raise ValueError(f"{push_words} push-constant words (at most 32)")
         self.n_bindings = n_bindings
-        self.key = pipeline_key(spirv, n_bindings)
+        self.push_words = push_words
+        self.key = pipeline_key(spirv, n_bindings, push_words)
         self._spirv = bytes(spirv)
         super().__init__(device)
         del self._spirv
@@ -70,7 +78,13 @@ class Pipeline(Owned):
         )
         self._own("set_layout", call(vk.vkCreateDescriptorSetLayout, dev, dsli, None))
         layouts = [self.set_layout]
-        pli = vk.VkPipelineLayoutCreateInfo(setLayoutCount=1, pSetLayouts=layouts)
+        ranges = [vk.VkPushConstantRange(
+            stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT, offset=0, size=4 * self.push_words
+        )] if self.push_words else []
+        pli = vk.VkPipelineLayoutCreateInfo(
+            setLayoutCount=1, pSetLayouts=layouts,
+            pushConstantRangeCount=len(ranges), pPushConstantRanges=ranges or None,
+        )
         self._own("layout", call(vk.vkCreatePipelineLayout, dev, pli, None))
         # The stage struct and its pName string must outlive vkCreateComputePipelines:
         # the binding frees nested data whose Python owner was collected.
@@ -83,7 +97,7 @@ class Pipeline(Owned):
         self._own(
             "handle", call(vk.vkCreateComputePipelines, dev, vk.VK_NULL_HANDLE, 1, infos, None)[0]
         )
-        del stage, cpi, infos, name, smi, dsli, pli, bindings, layouts, code
+        del stage, cpi, infos, name, smi, dsli, pli, bindings, layouts, code, ranges
 
     def __repr__(self) -> str:
         return f"Pipeline({self.key[0][:12]}, n_bindings={self.n_bindings})"

@@ -61,7 +61,8 @@ class Dispatch:
 
     ``access`` says, per binding, whether the kernel reads or writes it; the recorder places
     barriers from it. None (for callers that do not say) means every binding READ_WRITE:
-    never a missed hazard, only barriers that might not be needed.
+    never a missed hazard, only barriers that might not be needed. ``push`` holds the
+    pipeline's push-constant words (uint32), recorded with the dispatch.
     """
 
     pipeline: Pipeline
@@ -69,6 +70,7 @@ class Dispatch:
     groups: tuple[int, int, int]
     label: str = ""
     access: tuple[Access, ...] | None = None
+    push: tuple[int, ...] = ()
 
     @property
     def accesses(self) -> tuple[Access, ...]:
@@ -84,6 +86,11 @@ def validate_dispatch(device: Device, d: Dispatch, index: int) -> None:
     label = d.label or f"#{index}"
     if d.pipeline.device is not device or d.pipeline.destroyed:
         raise InvalidBinding(label, -1, "pipeline belongs to another device or was destroyed")
+    if len(d.push) != d.pipeline.push_words or any(not 0 <= int(w) < 1 << 32 for w in d.push):
+        raise InvalidBinding(
+            label, -1, f"push constants {d.push} do not fit the pipeline's "
+            f"{d.pipeline.push_words} uint32 words"
+        )
     if len(d.bindings) != d.pipeline.n_bindings:
         raise InvalidBinding(
             label, -1, f"{len(d.bindings)} bindings given, pipeline has {d.pipeline.n_bindings}"
@@ -285,6 +292,10 @@ class Recording(Owned):
             vk.vkCmdBindDescriptorSets(
                 cb, vk.VK_PIPELINE_BIND_POINT_COMPUTE, d.pipeline.layout, 0, 1, sets, 0, None
             )
+            if d.push:
+                words = vk.ffi.new("uint32_t[]", [int(w) for w in d.push])
+                vk.vkCmdPushConstants(cb, d.pipeline.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT,
+                                      0, 4 * len(d.push), words)
             gx, gy, gz = (int(x) for x in d.groups)
             vk.vkCmdDispatch(cb, gx, gy, gz)
             if self.timestamps:
