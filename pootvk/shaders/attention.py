@@ -16,8 +16,9 @@ key-to-lane assignment and the order each lane sees its keys are unchanged.
 
 Loops over the head dimension stay loops (``[[dont_unroll]]``): with them unrolled, the
 first call at D=128 took 40 s on lavapipe from Mesa 25.0.7 (3.5 s on Mesa 22.3); rolled,
-2.1 s and 0.45 s, and the rolled kernel ran 1.2-2.8x faster on lavapipe (BENCHMARKS.md). The key count Lk is a push constant, so one SPIR-V module and
-one driver pipeline serve every length.
+2.1 s and 0.45 s, and the rolled kernel ran 1.2-2.8x faster on lavapipe (BENCHMARKS.md).
+The key count Lk is a push constant, so one SPIR-V module and one driver pipeline serve
+every length.
 
 Bindings: the request's ``bindings()`` (q, k, v, [mask], o); with ``vec == 4`` q/k/v/o are
 read as vec4. The kernel is composed of named parts that later schedules reuse: bindings,
