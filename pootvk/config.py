@@ -7,7 +7,7 @@ process-wide one from :func:`config`).
 |---------------------|--------------|------------------------------------------------------|
 | POOTVK_DEVICE       | device       | device index or name substring (default: best GPU)   |
 | POOTVK_VALIDATION   | validation   | 1 = enable VK_LAYER_KHRONOS_validation               |
-| POOTVK_CACHE_DIR    | cache_dir    | SPIR-V cache folder (default ~/.cache/pootvk)        |
+| POOTVK_CACHE_DIR    | cache_dir    | SPIR-V + pipeline cache folder (~/.cache/pootvk)    |
 | POOTVK_DEBUG        | debug        | 0 quiet, 1 plan summaries, 2 + generated sources     |
 | POOTVK_FENCE_TIMEOUT_S | fence_timeout_s | seconds a submit may run before DeviceTimeout (600) |
 | POOTVK_CACHE_MAX_BYTES | cache_max_bytes | disk SPIR-V cache cap; oldest files go (256 MiB)   |

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numbers
+import threading
 
 import numpy as np
 
@@ -30,6 +31,10 @@ class DecodeLoop:
     mask, the attention chain), compiled to one Attention eqn, planned, and recorded into a
     single command buffer; every ``step`` only writes q, k_new, v_new and the position into
     mapped buffers and resubmits it, so ``recordings`` stays 1.
+
+    Safe to share between threads: the position check, the step and the position increment
+    happen under one lock (as do ``reset`` and reading the caches), so two threads never
+    write the same position; they take positions in the order they get the lock.
     """
 
     def __init__(
@@ -58,6 +63,7 @@ class DecodeLoop:
             value_dim=value_dim, softcap=softcap, scale=scale,
         )
         self._replay = build_replay(self.graph, self.device, timestamps=timestamps)
+        self._lock = threading.RLock()
         self.position = 0
 
     @property
@@ -87,17 +93,20 @@ class DecodeLoop:
         b, hq, hkv, dk, dv, cap = self.shape
         if self._replay.closed:
             raise Closed(f"DecodeLoop {self.shape}")
-        if self.position >= cap:
-            raise CapacityExceeded(self.position, 1, cap)
-        values = {
+        values: dict[str, object] = {
             "q": self._arg("q", q, hq, dk),
             "k_new": self._arg("k_new", k_new, hkv, dk),
             "v_new": self._arg("v_new", v_new, hkv, dv),
-            "pos": np.int32(self.position),
         }
-        out = self._replay.step(values)["out"]
-        self.position += 1
-        return out
+        with self._lock:  # check, step and increment: one position per caller
+            if self._replay.closed:
+                raise Closed(f"DecodeLoop {self.shape}")
+            if self.position >= cap:
+                raise CapacityExceeded(self.position, 1, cap)
+            values["pos"] = np.int32(self.position)
+            out = self._replay.step(values)["out"]
+            self.position += 1
+            return out
 
     def gpu_time_ns(self) -> float | None:
         """GPU time of the last step (with ``timestamps=True``)."""
@@ -105,18 +114,21 @@ class DecodeLoop:
 
     @property
     def k_cache(self) -> np.ndarray:
-        return self._replay.read_state("k_cache")
+        with self._lock:
+            return self._replay.read_state("k_cache")
 
     @property
     def v_cache(self) -> np.ndarray:
-        return self._replay.read_state("v_cache")
+        with self._lock:
+            return self._replay.read_state("v_cache")
 
     def reset(self) -> None:
         """Start a new sequence: position 0, caches zeroed."""
-        for name in ("k_cache", "v_cache"):
-            s = self.graph.slot(name)
-            self._replay.set_state(name, np.zeros(s.var.shape, np.float32))
-        self.position = 0
+        with self._lock:  # never between another thread's step and its increment
+            for name in ("k_cache", "v_cache"):
+                s = self.graph.slot(name)
+                self._replay.set_state(name, np.zeros(s.var.shape, np.float32))
+            self.position = 0
 
     def close(self) -> None:
         """Free the KV cache and the recording (also done when the loop is garbage-collected:

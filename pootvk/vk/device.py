@@ -21,6 +21,7 @@ from pootvk.config import Config, config
 from pootvk.errors import Closed, DeviceTimeout, InvalidDevice, VulkanError
 from pootvk.plan.profile import DeviceProfile
 
+from . import pipeline_cache
 from .instance import call, instance, live_devices
 from .memory import Buffer, MemoryTypes
 from .owned import Owned
@@ -47,6 +48,7 @@ class Device:
 
         self.config = config if config is not None else global_config()
         self.handle: Any = None
+        self.pipeline_cache: Any = None
         self._live = 0
         self._owned: dict[int, Owned] = {}  # id -> Buffer | Pipeline | Recording, creation order
         self._pipelines: OrderedDict[tuple[str, int], Pipeline] = OrderedDict()
@@ -139,6 +141,34 @@ class Device:
         self._track(1)
         self._transfer_fence = call(vk.vkCreateFence, self.handle, vk.VkFenceCreateInfo(), None)
         self._track(1)
+        self._open_pipeline_cache(chosen)
+
+    def _open_pipeline_cache(self, chosen: PhysicalDeviceInfo) -> None:
+        """The VkPipelineCache every pipeline of this device is created through, seeded from
+        ``pipeline_cache_path`` (a bad file warns and starts empty; see pipeline_cache)."""
+        identity = pipeline_cache.cache_identity(chosen.handle)
+        #: <cache_dir>/pipelines/<vendor>-<device>-<driverVersion>-<pipelineCacheUUID>.bin
+        self.pipeline_cache_path = pipeline_cache.cache_path(self.config.cache_dir, identity)
+        self.pipeline_cache, self._pipeline_cache_seed = pipeline_cache.create(
+            self.handle, self.pipeline_cache_path, identity
+        )
+        self._track(1)
+
+    def save_pipeline_cache(self) -> bool:
+        """Write the pipeline cache's data to ``pipeline_cache_path`` now (atomically) when
+        it changed since it was loaded or last saved; close() does this too."""
+        with self._lock:
+            if self.handle is None or self.pipeline_cache is None:
+                return False
+            data = pipeline_cache.get_data(self.handle, self.pipeline_cache)
+            if data == self._pipeline_cache_seed:
+                return False
+            saved = pipeline_cache.save(
+                self.pipeline_cache_path, data, self.config.cache_max_bytes
+            )
+            if saved:
+                self._pipeline_cache_seed = data
+            return saved
 
     # --- ownership (called by Owned only) -------------------------------------------------
 
@@ -310,6 +340,14 @@ class Device:
             self._pipelines.clear()
             self._pipeline_users.clear()
             self._owned.clear()
+        if self.pipeline_cache is not None:
+            try:
+                self.save_pipeline_cache()
+            except Exception:  # a cache that cannot be saved costs a cold compile, no more
+                log.exception("saving the pipeline cache %s failed", self.pipeline_cache_path)
+            vk.vkDestroyPipelineCache(self.handle, self.pipeline_cache, None)
+            self.pipeline_cache = None
+            self._track(-1)
         vk.vkDestroyFence(self.handle, self._transfer_fence, None)
         vk.vkDestroyCommandPool(self.handle, self._transfer_pool, None)
         self._track(-2)

@@ -95,7 +95,9 @@ class Pipeline(Owned):
         cpi = vk.VkComputePipelineCreateInfo(stage=stage, layout=self.layout)
         infos = [cpi]
         self._own(
-            "handle", call(vk.vkCreateComputePipelines, dev, vk.VK_NULL_HANDLE, 1, infos, None)[0]
+            "handle",
+            call(vk.vkCreateComputePipelines, dev, self.device.pipeline_cache or vk.VK_NULL_HANDLE,
+                 1, infos, None)[0],
         )
         del stage, cpi, infos, name, smi, dsli, pli, bindings, layouts, code, ranges
 
