@@ -3,7 +3,8 @@
 The default device is recomputed here from the documented rule (README, ``Device``):
 POOTVK_DEVICE (an index or a case-insensitive name substring) when set, else the first
 discrete GPU, then integrated, virtual, cpu, in enumeration order. POOTVK_EXPECT_DEVICE
-(CI sets ``llvmpipe``) additionally names the device this run must be on.
+(CI sets ``llvmpipe``) additionally names the device this run must be on, and
+POOTVK_EXPECT_DRIVER the driver version (CI runs the suite on Mesa 22.3 and Mesa 25.0).
 """
 
 from __future__ import annotations
@@ -42,6 +43,12 @@ def test_default_device_is_the_documented_choice_and_the_expected_one(device) ->
     if expect:
         assert expect.lower() in device.name.lower(), (
             f"POOTVK_EXPECT_DEVICE={expect!r} but the default device is {device.name!r}"
+        )
+    driver = os.environ.get("POOTVK_EXPECT_DRIVER")  # CI's driver matrix: "Mesa 25.0"
+    if driver:
+        info = str(device.profile.extra.get("driver_info", ""))
+        assert driver.lower() in info.lower(), (
+            f"POOTVK_EXPECT_DRIVER={driver!r} but {device.name!r} runs driver {info!r}"
         )
 
 
