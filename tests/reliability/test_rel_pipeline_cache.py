@@ -46,7 +46,8 @@ print(json.dumps({"path": path, "seeded": seeded, "seconds": dt}))
 
 
 def _child(cache_dir: Path) -> dict:
-    env = dict(os.environ, POOTVK_CACHE_DIR=str(cache_dir), PYTHONPATH=str(ROOT))
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, POOTVK_CACHE_DIR=str(cache_dir), PYTHONPATH=path)
     r = subprocess.run(
         [sys.executable, "-c", CHILD % K], env=env, capture_output=True, text=True, timeout=300
     )

@@ -15,6 +15,7 @@ from pootvk.shaders.compiler import compile_glsl
 from pootvk.vk import BufferRange, Device, Dispatch, Recorder
 
 GROUPS = 2000  # x 30000 iterations: ~0.3 s on lavapipe
+GPU_GROUPS = (65535, 16)  # x 65535 iterations: ~0.5 s on an H200 (one lane per workgroup)
 SLOW = """#version 450
 layout(local_size_x = 1) in;
 layout(std430, set = 0, binding = 0) buffer B { uint n; uint acc; } b;
@@ -36,8 +37,10 @@ def test_slow_kernel_times_out_then_the_device_is_usable() -> None:
     with Device(None, Config(**{**config().__dict__, "fence_timeout_s": 0.002})) as d:
         p = d.compute_pipeline(compile_glsl(SLOW), 1)
         buf = d.create_buffer(8, host_visible=True, name="slow")
-        buf.write(0, np.array([30_000, 0], np.uint32))
-        rec = Recorder(d).record([Dispatch(p, (BufferRange(buf),), (GROUPS, 1, 1), "slow_loop")])
+        cpu = d.profile.device_type == "cpu"
+        buf.write(0, np.array([30_000 if cpu else 65_535, 0], np.uint32))
+        grid = (GROUPS, 1, 1) if cpu else (*GPU_GROUPS, 1)
+        rec = Recorder(d).record([Dispatch(p, (BufferRange(buf),), grid, "slow_loop")])
         t = time.perf_counter()
         with pytest.raises(DeviceTimeout) as e:
             rec.submit()
