@@ -10,6 +10,7 @@ import numpy as np
 from .errors import BindError, InvalidArgument
 from .ir import check_attention
 from .ops import trace_attention
+from .plan import current_forced
 from .runtime import held_replay, resolve_device
 from .vk import Device, PhysicalDeviceInfo, physical_devices
 
@@ -62,7 +63,7 @@ def attention(
     )
     shapes = (q.shape, k.shape, v.shape, None if mask is None else values["mask"].shape)
     with held_replay(  # held: another thread's eviction cannot free it mid-step
-        ("attention", *shapes, scale, softcap),
+        ("attention", *shapes, scale, softcap, current_forced()),
         lambda: trace_attention(*shapes, scale=scale, softcap=softcap),
         dev,
     ) as rp:

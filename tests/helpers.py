@@ -82,7 +82,7 @@ def reference_attention(
     w = np.exp(s - np.where(seen, row_max, 0.0))  # exp(-inf) = 0: no weight
     with np.errstate(invalid="ignore", divide="ignore"):
         p = w / w.sum(axis=-1, keepdims=True)
-    out = (p.reshape(b, hkv, n_rep, lq, -1) @ v64).reshape(b, hq, lq, -1)
+        out = (p.reshape(b, hkv, n_rep, lq, -1) @ v64).reshape(b, hq, lq, -1)
     return np.where(seen, out, np.nan)
 
 

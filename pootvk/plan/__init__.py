@@ -2,13 +2,16 @@
 handles."""
 
 from .bindings import Access, Binding, BufferRole, Scratch
+from .decode_schedule import DecodeCombineRequest, DecodeProblem, DecodeRequest
 from .planner import BoundOperand, BufferSpec, Kernel, Location, Plan, plan_graph
 from .profile import DeviceProfile, recorded_profile, recorded_profiles
-from .requests import AttentionRequest, KernelRequest, LiteralOperand, PrimRequest, fold_grid
-from .rules import KernelCall, PlanContext, RuleResult, plan_rules
-from .schedule import choose_lanes
+from .requests import AttentionRequest, LiteralOperand, PrimRequest, fold_grid
+from .rules import KernelCall, KernelRequest, PlanContext, RuleResult, plan_rules
+from .schedule import ForcedSchedule, choose_lanes, current_forced, forced_schedule
 
 __all__ = [
+    "DecodeCombineRequest", "DecodeProblem", "DecodeRequest", "ForcedSchedule",
+    "current_forced", "forced_schedule",
     "Access", "AttentionRequest", "Binding", "BoundOperand", "BufferRole", "BufferSpec",
     "DeviceProfile", "Kernel", "KernelCall", "KernelRequest", "LiteralOperand", "Location",
     "Plan", "PlanContext", "PrimRequest", "RuleResult", "Scratch", "choose_lanes",

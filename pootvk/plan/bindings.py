@@ -57,11 +57,16 @@ class Binding:
 @dataclass(frozen=True, eq=False)
 class Scratch:
     """Plan-local scratch declared by a plan rule: ``elements`` of ``dtype``, alive for the
-    kernels of the eqn that declared it, never an export. Identity is the declaration."""
+    kernels of the eqn that declared it, never an export. Identity is the declaration.
+
+    ``persistent`` scratch keeps its bytes between replays and starts zeroed (the arrival
+    counters of a fused split combine, which the kernel resets itself): it gets its own
+    buffer instead of an arena slot."""
 
     elements: int
     dtype: DType
     label: str = field(default="scratch")
+    persistent: bool = False
 
     @property
     def nbytes(self) -> int:

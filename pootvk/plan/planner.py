@@ -16,8 +16,7 @@ from ..errors import BindingRange, DtypeLowering, UnsupportedPrimitive
 from ..ir import BF16, F16, Graph, SlotKind, Var
 from .bindings import Binding, BufferRole, Scratch
 from .profile import DeviceProfile
-from .requests import KernelRequest
-from .rules import KernelCall, PlanContext, plan_rules
+from .rules import KernelCall, KernelRequest, PlanContext, plan_rules
 
 
 @dataclass(frozen=True)
@@ -165,8 +164,14 @@ def plan_graph(g: Graph, profile: DeviceProfile) -> Plan:
         calls += [(i, c) for c in res.kernels]
         scratch.update((s, i) for s in res.scratch)
 
+    scratch_locs: dict[Scratch, Location] = {}
+    for n, sc in enumerate(s for s in scratch if s.persistent):
+        name = f"scratch:{sc.label}{n}"
+        bufs[name] = BufferSpec(name, sc.nbytes, BufferRole.SCRATCH)
+        scratch_locs[sc] = Location(name, 0, sc.nbytes)
+    coloured = {s: i for s, i in scratch.items() if not s.persistent}
     items, names = kernel_items(
-        g.use_info(), [i for i, _ in calls], fixed=set(locs), scratch=scratch
+        g.use_info(), [i for i, _ in calls], fixed=set(locs), scratch=coloured
     )
     layout = colour(
         items,
@@ -176,7 +181,6 @@ def plan_graph(g: Graph, profile: DeviceProfile) -> Plan:
     )
     for a, size in enumerate(layout.sizes):
         bufs[f"arena{a}"] = BufferSpec(f"arena{a}", size, BufferRole.ARENA)
-    scratch_locs: dict[Scratch, Location] = {}
     for obj, n in names.items():
         p = layout.placements[n]
         loc = Location(f"arena{p.arena}", p.offset, p.item.nbytes)

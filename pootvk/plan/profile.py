@@ -29,6 +29,10 @@ class DeviceProfile:
     max_allocation: int = 1 << 30  # maxMemoryAllocationSize, bytes
     min_storage_offset_alignment: int = 256  # minStorageBufferOffsetAlignment
     subgroup_size: int = 32
+    #: subgroup basic + shuffle operations in compute shaders (VkPhysicalDeviceSubgroup-
+    #: Properties); the grouped decode kernel reduces its dots with them, else through
+    #: workgroup memory
+    subgroup_shuffle: bool = False
     supports_16bit: bool = False
     compute_units: int | None = None  # when an extension exposes it (NV SM count, AMD CUs)
     timestamp_period_ns: float = 1.0

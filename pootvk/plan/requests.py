@@ -126,7 +126,6 @@ class PrimRequest:
         )
 
 
-KernelRequest = AttentionRequest | PrimRequest
 
 
 def fold_grid(groups: int, max_grid: tuple[int, int, int]) -> tuple[int, int]:

@@ -12,12 +12,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..errors import UnsupportedPrimitive
-from ..ir import Eqn, Literal, Params, Prim, RuleTable, Var
+from ..ir import F32, U32, Eqn, Literal, Params, Prim, RuleTable, Var
 from ..ir import prims as P
 from .bindings import Scratch
+from .decode_schedule import DecodeCombineRequest, DecodeRequest
 from .profile import DeviceProfile
-from .requests import KernelRequest, LiteralOperand, PrimRequest, fold_grid
-from .schedule import attention_request
+from .requests import AttentionRequest, LiteralOperand, PrimRequest, fold_grid
+from .schedule import attention_schedule
+
+KernelRequest = AttentionRequest | PrimRequest | DecodeRequest | DecodeCombineRequest
 
 PRIM_WORKGROUP = 64
 
@@ -98,5 +101,18 @@ def _dynamic_update_slice(e: Eqn, ctx: PlanContext) -> RuleResult:
 
 @plan_rules.register(P.ATTENTION)
 def _attention(e: Eqn, ctx: PlanContext) -> RuleResult:
-    req = attention_request(e, ctx.profile)
-    return RuleResult([KernelCall(req, (*e.inputs, e.out), "attention")])
+    """Grouped split-KV decode where it plans (its split partials are declared scratch,
+    coloured with the values; a fused combine's arrival counters are persistent, zeroed
+    scratch), else the streaming kernel."""
+    req = attention_schedule(e, ctx.profile)
+    if isinstance(req, AttentionRequest) or req.splits == 1:
+        return RuleResult([KernelCall(req, (*e.inputs, e.out), "attention")])
+    part = Scratch(req.partial_floats, F32, "partials")
+    if req.fused_combine:
+        count = Scratch(req.counters, U32, "counters", persistent=True)
+        call = KernelCall(req, (*e.inputs, part, count, e.out), "attention")
+        return RuleResult([call], [part, count])
+    return RuleResult([
+        KernelCall(req, (*e.inputs, part), "attention"),
+        KernelCall(DecodeCombineRequest(req), (part, e.out), "combine"),
+    ], [part])

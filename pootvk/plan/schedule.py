@@ -1,13 +1,62 @@
-"""Schedule choice: how many lanes a streaming attention workgroup gets on a device."""
+"""Schedule choice for the Attention eqn: grouped split-KV decode, or streaming lanes.
+
+The grouped schedule (``decode_schedule``) reads every K/V byte once per KV head and splits
+the keys over the compute units; it is the default wherever it plans. The streaming
+schedule (one workgroup per query row, lanes walking their keys) is the universal fallback:
+it needs nothing but ``lanes * (dv + 2)`` floats of workgroup memory. ``forced_schedule``
+is the test and measurement hook: it forces the schedule, the split count and schedule
+fields for the plans made inside it.
+"""
 
 from __future__ import annotations
 
-from ..errors import AttentionLds, DtypeLowering
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+from ..errors import AttentionLds, DtypeLowering, ShapeError
 from ..ir import F32, Eqn
+from .decode_schedule import DecodeProblem, DecodeRequest, choose_decode_schedule
 from .profile import DeviceProfile
 from .requests import AttentionRequest, fold_grid
 
 MAX_LANES = 64
+SCHEDULES = ("grouped", "streaming")
+
+
+@dataclass(frozen=True)
+class ForcedSchedule:
+    schedule: str | None = None  # "grouped" | "streaming"; None = the planner's choice
+    splits: int | None = None  # grouped: force the split count (chunks may be partial/empty)
+    overrides: tuple[tuple[str, object], ...] = ()  # grouped: schedule fields
+
+    def __bool__(self) -> bool:
+        return self != ForcedSchedule()
+
+
+_forced: ContextVar[ForcedSchedule] = ContextVar("pootvk_forced_schedule",
+                                                 default=ForcedSchedule())  # noqa: B039 (frozen)
+
+
+@contextmanager
+def forced_schedule(
+    schedule: str | None = None, splits: int | None = None, **overrides: object
+) -> Iterator[ForcedSchedule]:
+    """Plans made inside use this schedule (tests run every schedule on lavapipe this way;
+    ``bench`` compares them)."""
+    if schedule not in (None, *SCHEDULES):
+        raise ValueError(f"schedule {schedule!r} not in {SCHEDULES}")
+    f = ForcedSchedule(schedule, splits, tuple(sorted(overrides.items())))
+    token = _forced.set(f)
+    try:
+        yield f
+    finally:
+        _forced.reset(token)
+
+
+def current_forced() -> ForcedSchedule:
+    return _forced.get()
 
 
 def choose_lanes(dv: int, profile: DeviceProfile) -> int:
@@ -19,6 +68,35 @@ def choose_lanes(dv: int, profile: DeviceProfile) -> int:
             return lanes
         lanes //= 2
     raise AttentionLds(dv, per_lane, profile.max_workgroup_memory)
+
+
+def decode_problem(e: Eqn) -> DecodeProblem:
+    q, k, v, *rest = e.inputs
+    form = e.params["form"]
+    b, hq, lq, dk = q.shape
+    return DecodeProblem(
+        b=b, hq=hq, hkv=k.shape[1], lq=lq, lk=k.shape[2], dk=dk, dv=v.shape[3],
+        scale=float(form.scale), softcap=None if form.softcap is None else float(form.softcap),
+        mask=tuple(rest[0].shape[:3]) if rest else None, kv_dtype=form.kv_dtype.value,
+    )
+
+
+def attention_schedule(e: Eqn, profile: DeviceProfile) -> AttentionRequest | DecodeRequest:
+    """The request for one Attention eqn on ``profile``: grouped where it plans, streaming
+    otherwise (16-bit K/V have only the grouped kernel: a refusal is then raised)."""
+    f = current_forced()
+    form = e.params["form"]
+    if f.schedule == "streaming":
+        return attention_request(e, profile)
+    try:
+        return choose_decode_schedule(
+            decode_problem(e), profile, has_subgroup_shuffle=profile.subgroup_shuffle,
+            force_splits=f.splits, overrides=dict(f.overrides) or None,
+        )
+    except (AttentionLds, ShapeError):
+        if f.schedule == "grouped" or form.kv_dtype is not F32:
+            raise
+        return attention_request(e, profile)
 
 
 def attention_request(e: Eqn, profile: DeviceProfile) -> AttentionRequest:

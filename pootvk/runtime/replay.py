@@ -91,7 +91,7 @@ class Replay:
                     )
                     uploads.append((self.staging[spec.name], buf, n))
             for spec in plan.buffers.values():
-                if spec.role is BufferRole.STATE:
+                if spec.role in (BufferRole.STATE, BufferRole.SCRATCH):  # start zeroed
                     self.buffers[spec.name].zero()
             for name, value in plan.graph.constants.items():  # folded constants, once
                 self._slot_buffer(name).write(0, _device_bytes(value))

@@ -103,20 +103,21 @@ def online_update(r: AttentionRequest) -> str:
     smax = "s0"
     for j in keys[1:]:
         smax = f"max({smax}, s{j})"
-    # GLSL's max may drop a NaN: record it before the -inf skip so it reaches the output
-    nan = " || ".join(f"isnan(s{j})" for j in keys)
-    body.append(f"        if ({nan}) poisoned = true;")
+    # No skip of all -inf steps: as in the oracle's matmul, a masked key's value row is
+    # multiplied by its zero weight (so a NaN there reaches the row); a NaN score makes p
+    # and l NaN even when GLSL's max drops it from m.
     body.append(f"        float sm = {smax};")
-    body.append("        if (sm == NEG_INF) continue;  // -inf scores add zero weight")
     body.append("        float m_new = max(m, sm);")
     body.append("        float rescale = (m == NEG_INF) ? 0.0 : exp(m - m_new);")
     for j in keys:
         body.append(f"        float p{j} = (s{j} == NEG_INF) ? 0.0 : exp(s{j} - m_new);")
         body.append(f"        uint vb{j} = (kbase + t{j}) * DV;")
     body.append("        l = l * rescale" + "".join(f" + p{j}" for j in keys) + ";")
-    # a -inf (masked, or past the end) key's value row is never read into the sum: zero
-    # weight even when that row holds inf or NaN
-    upd = "".join(f" + ((s{j} == NEG_INF) ? {t}(0.0) : p{j} * v[vb{j} + c])" for j in keys)
+    # a key past the end read a clamped row: it adds nothing, even if that row holds inf
+    upd = "".join(
+        f" + p{j} * v[vb{j} + c]" if j == 0 else f" + (ok{j} ? p{j} * v[vb{j} + c] : {t}(0.0))"
+        for j in keys
+    )
     body.append("        [[dont_unroll]] for (uint c = 0u; c < DV; ++c) {")
     body.append(f"            s_acc[c * LANES + lane] = s_acc[c * LANES + lane] * rescale{upd};")
     body.append("        }")
@@ -125,7 +126,6 @@ def online_update(r: AttentionRequest) -> str:
     return f"""    for (uint c = 0u; c < DV; ++c) s_acc[c * LANES + lane] = {t}(0.0);
     float m = NEG_INF;
     float l = 0.0;
-    bool poisoned = false;  // a NaN score seen: the row's output is NaN, as the oracle's
     for (uint t = lane; t < LK; t += {r.keys_per_step}u * LANES) {{
 {loop}
     }}
@@ -134,15 +134,16 @@ def online_update(r: AttentionRequest) -> str:
 
 def fold_part(r: AttentionRequest) -> str:
     """The lanes' partials to one (M, den): M = max m_i, den = sum l_i exp(m_i - M); a lane
-    that saw a NaN score holds l = NaN, so den and the row are NaN."""
+    whose l is NaN (it saw a NaN score) makes den, hence the row, NaN even if its m is -inf."""
     return """    s_m[lane] = m;
-    s_l[lane] = poisoned ? uintBitsToFloat(0x7fc00000u) : l;
+    s_l[lane] = l;
     barrier();
     float mx = NEG_INF;
     for (uint i = 0u; i < LANES; ++i) mx = max(mx, s_m[i]);
     float den = 0.0;
     for (uint i = 0u; i < LANES; ++i) {
-        den += (s_m[i] == NEG_INF && !isnan(s_l[i])) ? 0.0 : s_l[i] * exp(s_m[i] - mx);
+        float li = s_l[i];
+        den += isnan(li) ? li : (s_m[i] == NEG_INF) ? 0.0 : li * exp(s_m[i] - mx);
     }
 """
 

@@ -87,6 +87,9 @@ def features_16bit(handle: Any, api: int, exts: frozenset[str]) -> tuple[bool, b
     return storage16, float16
 
 
+SHUFFLE_OPS = vk.VK_SUBGROUP_FEATURE_BASIC_BIT | vk.VK_SUBGROUP_FEATURE_SHUFFLE_BIT
+
+
 def query_profile(handle: Any, exts: frozenset[str]) -> DeviceProfile:
     """Read every limit the planner uses from a physical device."""
     base = vk.vkGetPhysicalDeviceProperties(handle)
@@ -120,6 +123,14 @@ def query_profile(handle: Any, exts: frozenset[str]) -> DeviceProfile:
                 {},
             )
         )
+    if "VK_ARM_shader_core_builtins" in exts:
+        structs.append(
+            (
+                "VkPhysicalDeviceShaderCoreBuiltinsPropertiesARM",
+                vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_CORE_BUILTINS_PROPERTIES_ARM,
+                {},
+            )
+        )
     if "VK_AMD_shader_core_properties" in exts:
         structs.append(
             (
@@ -145,6 +156,8 @@ def query_profile(handle: Any, exts: frozenset[str]) -> DeviceProfile:
     compute_units: int | None = None
     if "VkPhysicalDeviceShaderSMBuiltinsPropertiesNV" in got:
         compute_units = int(got["VkPhysicalDeviceShaderSMBuiltinsPropertiesNV"].shaderSMCount)
+    elif "VkPhysicalDeviceShaderCoreBuiltinsPropertiesARM" in got:
+        compute_units = int(got["VkPhysicalDeviceShaderCoreBuiltinsPropertiesARM"].shaderCoreCount)
     elif "VkPhysicalDeviceShaderCorePropertiesAMD" in got:
         a = got["VkPhysicalDeviceShaderCorePropertiesAMD"]
         compute_units = int(
@@ -166,6 +179,8 @@ def query_profile(handle: Any, exts: frozenset[str]) -> DeviceProfile:
         max_allocation=int(m3.maxMemoryAllocationSize),
         min_storage_offset_alignment=int(lim.minStorageBufferOffsetAlignment),
         subgroup_size=int(sub.subgroupSize),
+        subgroup_shuffle=bool(sub.supportedStages & vk.VK_SHADER_STAGE_COMPUTE_BIT)
+        and (sub.supportedOperations & SHUFFLE_OPS) == SHUFFLE_OPS,
         supports_16bit=storage16 and float16,
         compute_units=compute_units,
         timestamp_period_ns=float(lim.timestampPeriod),

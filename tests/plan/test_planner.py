@@ -6,9 +6,11 @@ from pootvk.ir import F16
 from pootvk.ops import Builder, trace_attention, trace_decode_step
 from pootvk.plan import (
     AttentionRequest,
+    DecodeRequest,
     DeviceProfile,
     choose_lanes,
     fold_grid,
+    forced_schedule,
     plan_graph,
     recorded_profile,
     recorded_profiles,
@@ -63,9 +65,13 @@ def test_grid_folds_to_2d_past_the_x_limit():
         fold_grid(10001, (1000, 10, 1))
     assert e.value.groups == 10001
     small = LAVAPIPE.with_(max_grid=(7, 65535, 65535))
-    req = attn_plan(small, b=3, hq=8).kernels[-1].request
+    with forced_schedule("streaming"):
+        req = attn_plan(small, b=3, hq=8).kernels[-1].request
     assert isinstance(req, AttentionRequest)
     assert req.grid == (6, 4) and req.workgroups == 24
+    tiny = LAVAPIPE.with_(max_grid=(2, 65535, 65535))
+    req = attn_plan(tiny, b=3, hq=8).kernels[-1].request  # grouped: one per (b, kv head)
+    assert isinstance(req, DecodeRequest) and req.workgroups == 6 and req.grid == (2, 3)
 
 
 def test_request_is_the_plan_key():
@@ -85,7 +91,9 @@ def test_decode_plan_binds_state_in_place_and_prints():
     attn = p.kernels[-1]
     assert [o.buffer for o in attn.operands[1:3]] == ["state:k_cache", "state:v_cache"]
     text = str(p)
-    assert "lanes=64" in text and "arena peak" in text and "state:k_cache" in text
+    assert isinstance(attn.request, DecodeRequest)  # the grouped schedule on lavapipe too
+    assert attn.request.lanes_per_key == 8 and attn.request.splits == 1  # D=64 f32: 32 B/lane
+    assert "lanes/key=8" in text and "arena peak" in text and "state:k_cache" in text
     for k in p.kernels:
         for o in k.operands:
             assert o.offset % LAVAPIPE.min_storage_offset_alignment == 0
@@ -122,8 +130,8 @@ plan for llvmpipe (LLVM 15.0.6, 256 bits): 5 kernel(s), arena peak 256 bytes
        binds x0=const:const0 x1=in:pos y->arena0
   k3 [eqn 3] Select -> f32[1,1,1,32] threads=32 wg=64 grid=1x1
        binds x0=arena0 y->arena0+128
-  k4 [eqn 4] attention B=1 Hq=8 Hkv=2 Lq=1 Lk=32 Dk=16 Dv=16 scale=0.25 mask=additive[1,1,1] lanes=64 vec=4 keys/step=2 grid=8x1
-       binds q=in:q k=state:k_cache v=state:v_cache mask=arena0+128 o->out:out
+  k4 [eqn 4] attention_decode B=1 Hq=8 Hkv=2 Lq=1 Lk=32 Dk=16 Dv=16 kv=f32 scale=0.25 mask=additive[1,1,1] splits=1 rows/wg=4 lanes/key=2 wg=64 keys/iter=2 load=4 subgroup prefetch grid=2x1
+       binds q=in:q k=state:k_cache v=state:v_cache mask=arena0+128 out->out:out
 buffers:
   in:q                 input            512 B
   in:k_new             input            128 B

@@ -8,7 +8,7 @@ from pootvk.compile import canonicalize, compile_graph
 from pootvk.ir import PRIMS, shape_rules
 from pootvk.ops import trace_attention, trace_decode_step
 from pootvk.oracle import eval_rules
-from pootvk.plan import plan_graph, plan_rules, recorded_profile, recorded_profiles
+from pootvk.plan import forced_schedule, plan_graph, plan_rules, recorded_profile, recorded_profiles
 from pootvk.shaders.compiler import compile_glsl
 from pootvk.shaders.generate import generate
 from pootvk.shaders.prims import glsl_rules
@@ -56,7 +56,9 @@ def test_no_private_arrays_anywhere():
 
 
 def test_attention_state_lives_in_workgroup_memory():
-    p = plan_graph(compile_graph(trace_decode_step(1, 8, 2, 64, 16)), recorded_profile("lavapipe"))
+    g = compile_graph(trace_decode_step(1, 8, 2, 64, 16))
+    with forced_schedule("streaming"):
+        p = plan_graph(g, recorded_profile("lavapipe"))
     src = generate(p.kernels[-1].request)
     assert "shared vec4 s_acc[DV * LANES]" in src
     assert "shared float s_m[LANES]" in src and "shared float s_l[LANES]" in src

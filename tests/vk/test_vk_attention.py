@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 import pootvk
 from pootvk.errors import BindError, ShapeError
+from pootvk.plan import forced_schedule
 from tests.helpers import assert_close, reference_attention
 
 
@@ -17,16 +18,30 @@ def check(got, ref):
     return assert_close(got, ref)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+#: Every schedule the planner can pick, forced (so lavapipe runs each): the streaming
+#: fallback, the grouped kernel with the planner's split count, forced split counts (chunks
+#: partial or empty), and the grouped kernel reducing through workgroup memory.
+SCHEDULES = {
+    "streaming": {"schedule": "streaming"},
+    "grouped": {"schedule": "grouped"},
+    "split2": {"schedule": "grouped", "splits": 2},
+    "split7": {"schedule": "grouped", "splits": 7},
+    "split16": {"schedule": "grouped", "splits": 16},
+    "split7_two_launches": {"schedule": "grouped", "splits": 7, "fused_combine": False},
+    "shared_reduce": {"schedule": "grouped", "subgroup": False},
+}
+
+
+@settings(max_examples=45, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     b=st.integers(1, 3), n_rep=st.sampled_from([1, 4, 8, 12]), hkv=st.integers(1, 2),
-    lq=st.sampled_from([1, 7]), lk=st.sampled_from([1, 113, 1000]),
-    dk=st.sampled_from([40, 64, 72, 128]), dv=st.sampled_from([40, 64, 72, 128]),
+    lq=st.sampled_from([1, 3, 7]), lk=st.sampled_from([1, 113, 128, 129, 1000]),
+    dk=st.sampled_from([40, 64, 72, 128, 256]), dv=st.sampled_from([40, 64, 72, 128, 256]),
     mask=st.sampled_from([None, "shared", "alibi"]), softcap=st.sampled_from([None, 8.0]),
-    seed=st.integers(0, 2**16),
+    schedule=st.sampled_from(sorted(SCHEDULES)), seed=st.integers(0, 2**16),
 )
 def test_attention_matches_the_reference(device, b, n_rep, hkv, lq, lk, dk, dv, mask, softcap,
-                                         seed):
+                                         schedule, seed):
     rng = np.random.default_rng(seed)
     hq = hkv * n_rep
     q = rng.standard_normal((b, hq, lq, dk), dtype=np.float32)
@@ -40,7 +55,8 @@ def test_attention_matches_the_reference(device, b, n_rep, hkv, lq, lk, dk, dv, 
         slopes = 2.0 ** (-8.0 * np.arange(1, hq + 1) / hq)
         m = (slopes[:, None, None] * (np.arange(lk) - lk + 1)[None, None, :])
         m = np.broadcast_to(m[None], (1, hq, lq, lk)).astype(np.float32)
-    got = pootvk.attention(q, k, v, mask=m, softcap=softcap, device=device)
+    with forced_schedule(**SCHEDULES[schedule]):
+        got = pootvk.attention(q, k, v, mask=m, softcap=softcap, device=device)
     check(got, reference_attention(q, k, v, m, softcap=softcap))
 
 

@@ -1,0 +1,363 @@
+"""Decode-attention probe: the grouped split-KV kernels against the read ceiling, one run.
+
+    python3 bench/decode_probe.py [--shapes B,Hq,Hkv,Lk ...] [--dtypes f32,f16] [--tune]
+                                  [--warm 1.0] [--reps 50] [--json FILE]
+
+Measured in one run on one device: the streaming-read ceiling
+(``pootvk.benchmark.read_ceiling``), then for every shape (D=128, Lq=1) and K/V dtype the
+grouped decode kernels (partial [+ combine]) and, for F32, the existing streaming kernel.
+Each configuration is warmed by >= ``--warm`` seconds of back-to-back launches (the H200
+idles at 345 MHz and needs the load to clock up), then timed as the median GPU time
+(timestamps, first to last launch) of >= ``--reps`` submits. Every output is checked
+against a float64 numpy reference (normalised squared error <= 5e-4). The SM clock is logged
+through NVML where ``pynvml`` imports. ``--tune`` also times schedule variants (lanes per
+key, workgroup size, keys per step, split counts, shared-memory reduction) per shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from pootvk.benchmark import read_ceiling  # noqa: E402
+from pootvk.plan.decode_schedule import (  # noqa: E402
+    DecodeProblem,
+    DecodeRequest,
+    choose_decode_schedule,
+)
+from pootvk.plan.requests import AttentionRequest, fold_grid  # noqa: E402
+from pootvk.plan.schedule import choose_lanes  # noqa: E402
+from pootvk.shaders.attention import generate_attention  # noqa: E402
+from pootvk.shaders.attention_decode import generate_decode  # noqa: E402
+from pootvk.shaders.compiler import compile_glsl  # noqa: E402
+from pootvk.vk import BufferRange, Device, Dispatch, Recorder  # noqa: E402
+
+SHAPES = [(1, 32, 8, 4096), (1, 32, 8, 32768), (1, 32, 8, 131072), (8, 32, 8, 8192),
+          (1, 32, 32, 32768), (32, 32, 8, 2048), (1, 8, 1, 65536)]
+D = 128
+L2_BYTES = 60 << 20
+TOL = 5e-4
+
+
+# --- clocks ---------------------------------------------------------------------------------
+
+
+class Clock:
+    """The SM clock through NVML, when pynvml imports (None otherwise)."""
+
+    def __init__(self) -> None:
+        self.h = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.nv = pynvml
+            self.h = pynvml.nvmlDeviceGetHandleByIndex(0)
+            self.max_mhz = pynvml.nvmlDeviceGetMaxClockInfo(self.h, pynvml.NVML_CLOCK_SM)
+        except Exception as e:  # noqa: BLE001
+            print(f"# NVML unavailable: {e}")
+            self.max_mhz = None
+
+    def sm_mhz(self) -> int | None:
+        if self.h is None:
+            return None
+        try:
+            return int(self.nv.nvmlDeviceGetClockInfo(self.h, self.nv.NVML_CLOCK_SM))
+        except Exception:  # noqa: BLE001
+            return None
+
+
+# --- data -----------------------------------------------------------------------------------
+
+
+def to_storage(x: np.ndarray, kv: str) -> np.ndarray:
+    if kv == "f32":
+        return x
+    if kv == "f16":
+        return x.astype(np.float16)
+    bits = x.view(np.uint32).astype(np.uint64)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def from_storage(x: np.ndarray, kv: str) -> np.ndarray:
+    if kv == "bf16":
+        return (x.astype(np.uint32) << 16).view(np.float32)
+    return x.astype(np.float32)
+
+
+def reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.ndarray:
+    """float64 attention, one (batch, KV head) at a time (the caches can be GBs)."""
+    b, hq, lq, _ = q.shape
+    hkv = k.shape[1]
+    n_rep = hq // hkv
+    out = np.empty((b, hq, lq, v.shape[3]), np.float64)
+    for bi in range(b):
+        for g in range(hkv):
+            kk = k[bi, g].astype(np.float64)
+            qq = q[bi, g * n_rep:(g + 1) * n_rep].reshape(n_rep * lq, -1).astype(np.float64)
+            s = qq @ kk.T * scale
+            s -= s.max(-1, keepdims=True)
+            p = np.exp(s)
+            p /= p.sum(-1, keepdims=True)
+            o = p @ v[bi, g].astype(np.float64)
+            out[bi, g * n_rep:(g + 1) * n_rep] = o.reshape(n_rep, lq, -1)
+    return out
+
+
+def nse(got: np.ndarray, ref: np.ndarray) -> float:
+    d = got.astype(np.float64) - ref
+    return float((d**2).sum() / max((ref**2).sum(), 1e-30))
+
+
+# --- launches -------------------------------------------------------------------------------
+
+
+class Launch:
+    """Recorded launches of one kernel configuration over bound buffers."""
+
+    def __init__(self, device: Device, specs: list[tuple[str, list[BufferRange], tuple]],
+                 repeat: int = 1) -> None:
+        dispatches = []
+        for src, ranges, grid, push in specs:
+            pipe = device.compute_pipeline(compile_glsl(src), len(ranges), len(push))
+            dispatches.append(Dispatch(pipe, tuple(ranges), (grid[0], grid[1], 1), "decode",
+                                       push=push))
+        self.rec = Recorder(device).record(dispatches, timestamps=True)
+        self.warm_rec = Recorder(device).record(dispatches * repeat) if repeat > 1 else None
+
+    def warm(self, seconds: float) -> None:
+        t_end = time.perf_counter() + seconds
+        rec = self.warm_rec or self.rec
+        while time.perf_counter() < t_end:
+            rec.submit(wait=True)
+
+    def time(self, reps: int) -> tuple[float, list[float]]:
+        """(median GPU ns first-to-last, median per-dispatch ns)."""
+        tot, per = [], []
+        for _ in range(reps):
+            self.rec.submit(wait=True)
+            tot.append(self.rec.gpu_time_ns())
+            per.append(self.rec.dispatch_times_ns())
+        med = [statistics.median(x) for x in zip(*per, strict=True)]
+        return statistics.median(tot), med
+
+    def destroy(self) -> None:
+        self.rec.destroy()
+        if self.warm_rec is not None:
+            self.warm_rec.destroy()
+
+
+def decode_specs(req: DecodeRequest, bufs: dict[str, BufferRange]) -> list[tuple]:
+    srcs = generate_decode(req)
+    specs = [(srcs[0], [bufs[b.name] for b in req.bindings()], req.grid,
+              req.push_constants())]
+    if req.launches == 2:
+        specs.append((srcs[1], [bufs[b.name] for b in req.combine_bindings()],
+                      req.combine_grid, ()))
+    return specs
+
+
+def streaming_request(p: DecodeProblem, device: Device) -> AttentionRequest:
+    prof = device.profile
+    return AttentionRequest(
+        b=p.b, hq=p.hq, hkv=p.hkv, lq=p.lq, lk=p.lk, dk=p.dk, dv=p.dv, scale=p.scale,
+        softcap=None, mask=None, lanes=choose_lanes(p.dv, prof), vec=4,
+        grid=fold_grid(p.b * p.hq * p.lq, prof.max_grid),
+        keys_per_step=2 if prof.device_type == "cpu" else 4,
+    )
+
+
+# --- one shape ------------------------------------------------------------------------------
+
+TUNE_VARIANTS: list[dict] = [
+    {"prefetch": False}, {"fused_combine": False},
+    {"lanes_per_key": 4}, {"lanes_per_key": 8}, {"lanes_per_key": 16},
+    {"local_size": 128}, {"local_size": 512},
+    {"keys_per_iter": 1}, {"keys_per_iter": 4},
+    {"lanes_per_key": 8, "keys_per_iter": 4}, {"lanes_per_key": 8, "local_size": 512},
+    {"f16_convert": "fp16"}, {"subgroup": False},
+]
+TUNE_SPLITS = [2, 4]  # times the default split count
+LITE_VARIANTS: list[dict] = [{"local_size": 128}, {"local_size": 512}, {"lanes_per_key": 16},
+                             {"keys_per_iter": 2}, {"fused_combine": False},
+                             {"fused_combine": True}]
+
+
+def run_shape(device, shape, kvs, args, ceiling_gbps, clock, results):
+    b, hq, hkv, lk = shape
+    rng = np.random.default_rng(sum(shape))
+    t0 = time.perf_counter()
+    q = rng.standard_normal((b, hq, 1, D), dtype=np.float32)
+    k32 = rng.random((b, hkv, lk, D), dtype=np.float32) - 0.5
+    v32 = rng.random((b, hkv, lk, D), dtype=np.float32) - 0.5
+    scale = 1.0 / math.sqrt(D)
+    out = device.create_buffer(b * hq * D * 4, name="out")
+    part = device.create_buffer(b * hq * 64 * (D + 2) * 4, name="partial")
+    counter = device.create_buffer(b * hkv * hq * 4, name="counter")
+    counter.write(0, np.zeros(b * hkv * hq, np.uint32))
+    qb = device.create_buffer(q.nbytes, name="q")
+    qb.write(0, q)
+    rng_ok = True
+    print(f"# shape {shape}: data {time.perf_counter() - t0:.1f}s", flush=True)
+    for kv in kvs:
+        ks, vs = to_storage(k32, kv), to_storage(v32, kv)
+        kb = device.create_buffer(ks.nbytes, name="k")
+        vb = device.create_buffer(vs.nbytes, name="v")
+        kb.write(0, ks)
+        vb.write(0, vs)
+        ref = reference(q, from_storage(ks, kv), from_storage(vs, kv), scale)
+        del ks, vs
+        bufs = {"q": BufferRange(qb, 0, qb.size), "k": BufferRange(kb, 0, kb.size),
+                "v": BufferRange(vb, 0, vb.size), "out": BufferRange(out, 0, out.size),
+                "partial": BufferRange(part, 0, part.size),
+                "counter": BufferRange(counter, 0, counter.size)}
+        p = DecodeProblem(b=b, hq=hq, hkv=hkv, lq=1, lk=lk, dk=D, dv=D, scale=scale,
+                          kv_dtype=kv)
+        kv_bytes = p.kv_bytes
+        fits = "L2" if kv_bytes <= L2_BYTES else "HBM"
+
+        def measure(name, specs, reps, warm, req=None, kv=kv, ref=ref, kv_bytes=kv_bytes,
+                    fits=fits):
+            nonlocal rng_ok
+            out.write(0, np.full(b * hq * D, np.nan, np.float32))
+            lau = Launch(device, specs, repeat=max(1, int(200e3 / max(1.0, kv_bytes / 4e3))))
+            try:
+                lau.rec.submit(wait=True)
+                got = out.read_array(0, (b, hq, 1, D), np.float32)
+                err = nse(got, ref)
+                if not err <= TOL:
+                    rng_ok = False
+                lau.warm(warm)
+                ns, per = lau.time(reps)
+            finally:
+                lau.destroy()
+            mhz = clock.sm_mhz()
+            gbps = kv_bytes / ns
+            row = {"shape": shape, "kv": kv, "kernel": name, "us": ns / 1e3,
+                   "per_dispatch_us": [x / 1e3 for x in per], "gbps": gbps,
+                   "frac": gbps / ceiling_gbps, "nse": err, "sm_mhz": mhz, "fits": fits,
+                   "request": None if req is None else asdict(req)}
+            results.append(row)
+            sched = "" if req is None else (
+                f"splits={req.splits} lpk={req.lanes_per_key} wg={req.local_size} "
+                f"kpi={req.keys_per_iter} {'sg' if req.subgroup else 'sh'}"
+                f"{' nopf' if not req.prefetch else ''}"
+                f"{' 2launch' if req.launches == 2 else ''}"
+                f"{' fp16cvt' if req.f16_convert == 'fp16' else ''}")
+            flag = "" if err <= TOL else "  <-- WRONG"
+            print(f"{b},{hq},{hkv},{lk} {kv:4} {name:10} {ns / 1e3:9.1f} us {gbps:7.0f} GB/s "
+                  f"{gbps / ceiling_gbps:6.1%} [{'+'.join(f'{x / 1e3:.1f}' for x in per)}] "
+                  f"nse={err:.1e} {mhz}MHz {fits} {sched}{flag}", flush=True)
+            return row
+
+        best = None
+        if args.tune and kv in args.tune_dtypes.split(","):
+            base = choose_decode_schedule(p, device.profile, has_subgroup_shuffle=True)
+            seen = set()
+            if args.lite:
+                cands = [({}, None)] + [(v, None) for v in LITE_VARIANTS] + \
+                    [({}, 2 if base.splits == 1 else min(64, base.splits * 2))]
+            else:
+                cands = [({}, None)] + [(v, None) for v in TUNE_VARIANTS] + \
+                    [({}, min(64, base.splits * f)) for f in TUNE_SPLITS if base.splits > 1]
+            first = True
+            for ov, sp in cands:
+                if "f16_convert" in ov and kv != "f16":
+                    continue
+                if "fused_combine" in ov and base.splits == 1:
+                    continue
+                try:
+                    req = choose_decode_schedule(p, device.profile, has_subgroup_shuffle=True,
+                                                 force_splits=sp, overrides=ov)
+                except Exception as e:  # noqa: BLE001
+                    print(f"# skip {ov} splits={sp}: {str(e)[:80]}")
+                    continue
+                if req in seen:
+                    continue
+                seen.add(req)
+                row = measure("tune", decode_specs(req, bufs), args.tune_reps,
+                              args.warm if first else args.tune_warm, req)
+                first = False
+                if best is None or row["us"] < best[0]:
+                    best = (row["us"], ov, sp)
+            print(f"# best {shape} {kv}: {best} (default splits={base.splits})", flush=True)
+        req = choose_decode_schedule(p, device.profile, has_subgroup_shuffle=True)
+        measure("grouped", decode_specs(req, bufs), args.reps, args.warm, req)
+        if kv == "f32" and not args.no_streaming:
+            sreq = streaming_request(p, device)
+            specs = [(generate_attention(sreq), [bufs["q"], bufs["k"], bufs["v"], bufs["out"]],
+                      sreq.grid, sreq.push_constants())]
+            measure("streaming", specs, max(10, args.reps // 5), args.warm)
+        kb.destroy()
+        vb.destroy()
+    for x in (out, part, qb, counter):
+        x.destroy()
+    return rng_ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shapes", nargs="*", default=None, help="B,Hq,Hkv,Lk (D=128, Lq=1)")
+    ap.add_argument("--dtypes", default="f32,f16")
+    ap.add_argument("--warm", type=float, default=1.0)
+    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--tune", action="store_true")
+    ap.add_argument("--lite", action="store_true", help="a few variants around the default")
+    ap.add_argument("--tune-reps", type=int, default=20)
+    ap.add_argument("--tune-dtypes", default="f32,f16")
+    ap.add_argument("--tune-warm", type=float, default=0.3)
+    ap.add_argument("--no-streaming", action="store_true")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    shapes = [tuple(int(x) for x in s.split(",")) for s in args.shapes] if args.shapes \
+        else SHAPES
+    device = Device()
+    clock = Clock()
+    print(f"# device: {device.name} ({device.profile.device_type}, "
+          f"{device.profile.extra.get('driver_info')}), CUs={device.profile.compute_units}, "
+          f"max SM clock {clock.max_mhz} MHz", flush=True)
+    t0 = time.perf_counter()
+    ceil = read_ceiling(device)
+    print(f"# read ceiling: {ceil.gbps:.0f} GB/s over {ceil.nbytes >> 20} MiB "
+          f"({time.perf_counter() - t0:.1f}s, SM {clock.sm_mhz()} MHz)", flush=True)
+    results: list[dict] = []
+    ok = True
+    for s in shapes:
+        ok &= run_shape(device, s, args.dtypes.split(","), args, ceil.gbps, clock, results)
+    # final table
+    print(f"\nceiling {ceil.gbps:.0f} GB/s; D=128, Lq=1; fraction = K/V bytes / time / ceiling")
+    print("| B,Hq,Hkv,Lk | K/V | fits | grouped us | GB/s | of ceiling | schedule "
+          "| streaming of ceiling | SM MHz |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        if r["kernel"] != "grouped":
+            continue
+        st = next((x for x in results if x["kernel"] == "streaming" and x["shape"] == r["shape"]
+                   and x["kv"] == r["kv"]), None)
+        q = r["request"]
+        fused = q["fused_combine"] and q["splits"] > 1
+        sched = (f"splits={q['splits']} lpk={q['lanes_per_key']} wg={q['local_size']} "
+                 f"kpi={q['keys_per_iter']}{' fused' if fused else ''}")
+        print(f"| {','.join(map(str, r['shape']))} | {r['kv']} | {r['fits']} | {r['us']:.1f} "
+              f"| {r['gbps']:.0f} | {r['frac']:.1%} | {sched} | "
+              f"{'-' if st is None else format(st['frac'], '.1%')} | {r['sm_mhz']} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"ceiling_gbps": ceil.gbps, "results": results},
+                                              indent=1, default=str))
+    device.close()
+    print("all outputs match the reference" if ok else "SOME OUTPUTS ARE WRONG")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

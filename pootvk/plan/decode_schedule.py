@@ -1,0 +1,492 @@
+"""The grouped split-KV decode schedule: requests and the pure rule that chooses them.
+
+One workgroup per (batch row, KV head, row block, split) serves the query rows of its group
+(the ``n_rep`` query heads of one KV head times the ``lq`` query rows, or a block of them), so
+each K/V byte is read once per row block (once in total when the whole group fits one block).
+``lanes_per_key`` adjacent lanes share one key: its head dimension is split across them with
+16-byte loads (8 for 16-bit K/V whose widths are not multiples of 8), and their partial dot
+products are summed with subgroup shuffles or, without them, through workgroup memory.
+
+With ``splits > 1`` the keys are cut into chunks (Flash-Decoding): each workgroup writes its
+unnormalised ``(o[dv], m, l)`` to a scratch buffer at ``[(row * splits + split) * (dv + 2)]``
+and a combine kernel (one invocation per output element) weights them by ``exp(m_i - M)``.
+With one split the partial kernel normalises and writes the output itself.
+
+Nothing here knows GLSL or Vulkan: the chooser reads shapes and a ``DeviceProfile`` and
+returns a frozen, hashable request (the pipeline-cache key); ``pootvk.shaders.
+attention_decode`` turns a request into sources.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import AttentionLds, DtypeLowering, ScratchBytes, ShapeError
+from ..ir import F32, U32, DType
+from .bindings import Access, Binding
+from .profile import DeviceProfile
+from .requests import fold_grid
+
+KV_DTYPES = ("f32", "f16", "bf16")
+KV_BYTES = {"f32": 4, "f16": 2, "bf16": 2}
+
+#: Seed rules (DESIGN.md "Split-KV decode"); see choose_decode_schedule for the measured ones.
+MAX_SPLITS = 16
+MIN_CHUNK = 128
+#: Workgroups per compute unit the split count aims for (llama.cpp and FA2 use 2).
+WAVES_PER_CU = 2
+#: Floats of query + accumulator state one lane keeps in registers (named scalars):
+#: rows * (dk + dv) / lanes_per_key. Past this the lanes per key double.
+REG_FLOATS = 128
+#: Query rows one workgroup serves at most; a larger group is cut into row blocks.
+MAX_ROWS = 8
+MAX_ROWS_CPU = 4
+COMBINE_LOCAL = 64
+KEYS_PER_ITER = 4
+LOCAL_SIZE = 256
+#: Split cap when even MAX_SPLITS splits fill at most half the compute units (B*Hkv tiny).
+MAX_SPLITS_FEW = 64
+
+
+@dataclass(frozen=True)
+class DecodeProblem:
+    """What the caller computes: shapes, score transform, mask extents, K/V storage dtype."""
+
+    b: int
+    hq: int
+    hkv: int
+    lq: int
+    lk: int  # keys (the K/V row stride; with live_len the capacity)
+    dk: int
+    dv: int
+    scale: float
+    softcap: float | None = None
+    mask: tuple[int, int, int] | None = None  # the mask's (B, H, Lq) extents (1 = broadcast)
+    kv_dtype: str = "f32"
+    live_len: bool = False  # read the live key count from a one-word buffer (<= lk)
+
+    def __post_init__(self) -> None:
+        if self.kv_dtype not in KV_DTYPES:
+            raise DtypeLowering("AttentionDecode", self.kv_dtype)
+        if min(self.b, self.hq, self.hkv, self.lq, self.lk, self.dk, self.dv) < 1:
+            raise ShapeError(f"decode attention: every extent must be >= 1: {self}")
+        if self.hq % self.hkv:
+            raise ShapeError(f"decode attention: Hq={self.hq} not a multiple of Hkv={self.hkv}")
+        if self.mask is not None:
+            mb, mh, mq = self.mask
+            if mb not in (1, self.b) or mh not in (1, self.hq) or mq not in (1, self.lq):
+                raise ShapeError(f"decode attention: mask extents {self.mask} do not broadcast "
+                                 f"to (B={self.b}, Hq={self.hq}, Lq={self.lq})")
+
+    @property
+    def n_rep(self) -> int:
+        return self.hq // self.hkv
+
+    @property
+    def group_rows(self) -> int:
+        """Query rows sharing one KV head: n_rep heads times lq rows."""
+        return self.n_rep * self.lq
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.b * self.hkv * self.lk * (self.dk + self.dv) * KV_BYTES[self.kv_dtype]
+
+
+@dataclass(frozen=True)
+class DecodeRequest:
+    """One grouped split-KV decode launch pair (partial [+ combine]): the plan key."""
+
+    b: int
+    hq: int
+    hkv: int
+    lq: int
+    lk: int
+    dk: int
+    dv: int
+    scale: float
+    softcap: float | None
+    mask: tuple[int, int, int] | None
+    kv_dtype: str
+    live_len: bool
+    # --- schedule ---
+    splits: int  # key chunks per (row, KV head); 1 = no combine kernel
+    rows_per_wg: int  # query rows one workgroup serves (divides n_rep * lq)
+    lanes_per_key: int  # adjacent lanes sharing one key (power of two)
+    local_size: int  # invocations per workgroup (multiple of lanes_per_key)
+    keys_per_iter: int  # keys a lane group has in flight per loop step
+    load_elems: int  # K/V elements per load: 4 (f32 vec4, f16/bf16 uvec2), 8 (uvec4), 1
+    subgroup: bool  # reduce dots with subgroupShuffleXor (else through workgroup memory)
+    grid: tuple[int, int]  # the partial kernel's (folded) grid
+    combine_grid: tuple[int, int]
+    prefetch: bool = True  # load the next step's K/V while this step computes
+    fused_combine: bool = True  # the last split of a row block combines (no second launch)
+    f16_convert: str = "unpack"  # F16 K/V: "unpack" (unpackHalf2x16) | "fp16" (FConvert)
+
+    # --- derived ---------------------------------------------------------------------------
+    @property
+    def n_rep(self) -> int:
+        return self.hq // self.hkv
+
+    @property
+    def group_rows(self) -> int:
+        return self.n_rep * self.lq
+
+    @property
+    def row_blocks(self) -> int:
+        return self.group_rows // self.rows_per_wg
+
+    @property
+    def key_groups(self) -> int:
+        """Lane groups per workgroup: keys processed side by side."""
+        return self.local_size // self.lanes_per_key
+
+    @property
+    def tile(self) -> int:
+        """Keys one workgroup consumes per loop step."""
+        return self.key_groups * self.keys_per_iter
+
+    @property
+    def vec(self) -> int:
+        """Width of the float vectors the kernel computes in (4, or 1 for odd widths)."""
+        return 1 if self.load_elems == 1 else 4
+
+    @property
+    def workgroups(self) -> int:
+        return self.b * self.hkv * self.row_blocks * self.splits
+
+    @property
+    def out_rows(self) -> int:
+        return self.b * self.hq * self.lq
+
+    @property
+    def partial_floats(self) -> int:
+        """Scratch the split partials need (0 without splits)."""
+        return 0 if self.splits == 1 else self.out_rows * self.splits * (self.dv + 2)
+
+    @property
+    def counters(self) -> int:
+        """Arrival counters of the fused combine: one per (batch, KV head, row block)."""
+        return self.b * self.hkv * self.row_blocks
+
+    @property
+    def launches(self) -> int:
+        return 2 if self.splits > 1 and not self.fused_combine else 1
+
+    @property
+    def combine_threads(self) -> int:
+        return self.out_rows * self.dv
+
+    @property
+    def chunk(self) -> int:
+        """Keys per split at the full length lk (a multiple of the tile)."""
+        return chunk_for(self.lk, self.splits, self.tile)
+
+    @property
+    def shared_bytes(self) -> int:
+        return decode_shared_bytes(self.local_size, self.lanes_per_key, self.keys_per_iter,
+                                   self.rows_per_wg, self.dv, self.subgroup)
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.b * self.hkv * self.lk * (self.dk + self.dv) * KV_BYTES[self.kv_dtype]
+
+    def push_constants(self) -> tuple[int, ...]:
+        """The key count Lk (the K/V row stride): a push constant, so one compiled kernel
+        serves every length with the same schedule."""
+        return (self.lk,)
+
+    def bindings(self) -> tuple[Binding, ...]:
+        """The partial kernel's bindings in binding order (names are the operand roles)."""
+        kv = DType(self.kv_dtype)
+        r, w, rw = Access.READ, Access.WRITE, Access.READ_WRITE
+        out = [Binding("q", r, F32), Binding("k", r, kv), Binding("v", r, kv)]
+        if self.mask is not None:
+            out.append(Binding("mask", r, F32))
+        if self.live_len:
+            out.append(Binding("len", r, U32))
+        if self.splits > 1 and self.fused_combine:
+            # the last workgroup to arrive reads every split's partial back; the counters
+            # start at zero and are reset to zero by that workgroup (one recording, any
+            # number of replays)
+            out.append(Binding("partial", rw, F32))
+            out.append(Binding("counter", rw, U32))
+            out.append(Binding("out", w, F32))
+        elif self.splits > 1:
+            out.append(Binding("partial", w, F32))
+        else:
+            out.append(Binding("out", w, F32))
+        return tuple(out)
+
+    def combine_bindings(self) -> tuple[Binding, ...]:
+        return (Binding("partial", Access.READ, F32), Binding("out", Access.WRITE, F32))
+
+    def describe(self) -> str:
+        m = "none" if self.mask is None else (
+            "additive[" + ",".join("1" if n == 1 else "n" for n in self.mask) + "]"
+        )
+        cap = "" if self.softcap is None else f" softcap={self.softcap:g}"
+        return (
+            f"attention_decode B={self.b} Hq={self.hq} Hkv={self.hkv} Lq={self.lq} "
+            f"Lk={self.lk}{' (live)' if self.live_len else ''} Dk={self.dk} Dv={self.dv} "
+            f"kv={self.kv_dtype} scale={self.scale:.6g}{cap} mask={m} splits={self.splits} rows/wg={self.rows_per_wg} "
+            f"lanes/key={self.lanes_per_key} wg={self.local_size} keys/iter={self.keys_per_iter} "
+            f"load={self.load_elems} {'subgroup' if self.subgroup else 'shared'} "
+            f"{'prefetch ' if self.prefetch else ''}"
+            f"{'fused ' if self.fused_combine and self.splits > 1 else ''}"
+            f"{'fp16cvt ' if self.f16_convert == 'fp16' else ''}"
+            f"grid={self.grid[0]}x{self.grid[1]}"
+        )
+
+
+@dataclass(frozen=True)
+class DecodeCombineRequest:
+    """The second launch of a split decode without the fused combine: one invocation per
+    output element folds the splits' partials."""
+
+    partial: DecodeRequest
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return self.partial.combine_grid
+
+    def push_constants(self) -> tuple[int, ...]:
+        return ()
+
+    def bindings(self) -> tuple[Binding, ...]:
+        return self.partial.combine_bindings()
+
+    def describe(self) -> str:
+        p = self.partial
+        return (f"attention_combine rows={p.out_rows} Dv={p.dv} splits={p.splits} "
+                f"grid={self.grid[0]}x{self.grid[1]}")
+
+
+def chunk_for(lk: int, splits: int, tile: int) -> int:
+    """Keys per split: ceil(lk / splits) rounded up to the tile (the kernel computes the same
+    from the live length, so a short live length leaves trailing splits empty)."""
+    if splits <= 1:
+        return lk
+    per = -(-lk // splits)
+    return -(-per // tile) * tile
+
+
+def decode_shared_bytes(local_size: int, lanes_per_key: int, keys_per_iter: int, rows: int,
+                        dv: int, subgroup: bool) -> int:
+    """Workgroup memory of the partial kernel: the final fold (m, l per row and lane group,
+    one row's accumulators per lane group) plus, without subgroups, the dot reduction buffer
+    (at most ``REDUCE_ROWS`` rows at a time)."""
+    groups = local_size // lanes_per_key
+    fold = 2 * rows * groups * 4 + groups * dv * 4
+    red = 0 if subgroup else reduce_rows(rows, keys_per_iter, local_size) * keys_per_iter \
+        * local_size * 4
+    return fold + red
+
+
+REDUCE_FLOATS = 2048  # floats of the shared-memory dot reduction buffer (8 KiB), at most
+
+
+def reduce_rows(rows: int, keys_per_iter: int, local_size: int) -> int:
+    """Rows whose partial dots go through workgroup memory together (shared variant)."""
+    return max(1, min(rows, REDUCE_FLOATS // (keys_per_iter * local_size)))
+
+
+def _pow2_ceil(x: int) -> int:
+    return 1 << max(0, (max(1, x) - 1).bit_length())
+
+
+def _largest_pow2_dividing(n: int) -> int:
+    return n & -n
+
+
+def _rows_per_wg(rows: int, cap: int) -> int:
+    """The largest divisor of ``rows`` that is <= cap (row blocks are then all full)."""
+    for d in range(min(rows, cap), 0, -1):
+        if rows % d == 0:
+            return d
+    return 1
+
+
+def default_splits(p: DecodeProblem, profile: DeviceProfile, blocks: int, tile: int,
+                   max_splits: int = MAX_SPLITS) -> int:
+    """Flash-Decoding split count: aim at WAVES_PER_CU workgroups per compute unit.
+
+    No split when Lq > 1 (seed rule), when the (batch, KV head, row block) workgroups already
+    fill the compute units (one each), or when a chunk would fall under MIN_CHUNK keys. At
+    most ``max_splits`` (16), raised to MAX_SPLITS_FEW (64) when 16 splits would still
+    fill at most half of the compute units (a single KV head, B=1). A device without a
+    compute-unit count (lavapipe, recorded profiles without it) is not split.
+
+    Measured on the H200 (132 SMs, D=128, 256-lane workgroups; bench/decode_probe.py):
+    B*Hkv=8: 16 splits 268 us at Lk=131072 F32 against 275 (32) and 292 (64), and 80 vs 90
+    (32) at Lk=32768; B*Hkv=1: 64 splits 102 us against 128 (32) and 219 (16); B*Hkv=64:
+    5 splits 159 us, 10: 155, 20: 169.
+    """
+    cu = profile.compute_units
+    if p.lq > 1 or not cu or profile.device_type == "cpu":
+        return 1
+    base = p.b * p.hkv * blocks
+    target = WAVES_PER_CU * cu
+    if base >= cu:
+        return 1
+    if base * max_splits * 2 <= cu:
+        max_splits = max(max_splits, MAX_SPLITS_FEW)
+    splits = min(max_splits, -(-target // base))
+    # chunks of at least MIN_CHUNK keys, rounded to the tile
+    min_chunk = -(-MIN_CHUNK // tile) * tile
+    splits = max(1, min(splits, p.lk // min_chunk))
+    if splits <= 1:
+        return 1
+    return -(-p.lk // chunk_for(p.lk, splits, tile))  # no split left empty at full length
+
+
+def choose_decode_schedule(
+    p: DecodeProblem,
+    profile: DeviceProfile,
+    *,
+    has_subgroup_shuffle: bool,
+    force_splits: int | None = None,
+    max_splits: int = MAX_SPLITS,
+    overrides: dict[str, int | bool] | None = None,
+) -> DecodeRequest:
+    """The schedule for problem ``p`` on ``profile`` (pure: no device, no GLSL).
+
+    ``has_subgroup_shuffle``: the device has subgroup basic + shuffle operations in compute
+    shaders (the profile does not record it yet). ``force_splits`` is the test hook that
+    forces a split count (chunks may then be partial or empty). ``overrides`` replaces
+    schedule fields (lanes_per_key, local_size, keys_per_iter, rows_per_wg, load_elems,
+    subgroup) for measurements; the result is checked like any other request.
+    """
+    ov = dict(overrides or {})
+    ov_keys = frozenset(ov)
+    bytes_ = KV_BYTES[p.kv_dtype]
+    if bytes_ == 2:
+        if not profile.supports_16bit and not profile.extra.get("storage_buffer_16bit"):
+            raise DtypeLowering("AttentionDecode", p.kv_dtype)
+        if p.dk % 4 or p.dv % 4:
+            raise DtypeLowering("AttentionDecode", f"{p.kv_dtype} with head widths "
+                                f"{p.dk}/{p.dv} (16-bit K/V need multiples of 4)")
+        load_elems = 8 if p.dk % 8 == 0 and p.dv % 8 == 0 else 4
+    else:
+        load_elems = 4 if p.dk % 4 == 0 and p.dv % 4 == 0 else 1
+    load_elems = int(ov.pop("load_elems", load_elems))
+
+    # lavapipe: at most 4 rows (its LLVM compile of an 8-row unrolled kernel takes ~30 s)
+    max_rows = MAX_ROWS_CPU if profile.device_type == "cpu" else MAX_ROWS
+    rows = _rows_per_wg(p.group_rows, int(ov.pop("max_rows", max_rows)))
+    rows = int(ov.pop("rows_per_wg", rows))
+    subgroup = bool(ov.pop("subgroup", has_subgroup_shuffle)) and has_subgroup_shuffle
+    sub = max(1, profile.subgroup_size)
+
+    # Lanes per key (measured on the H200, BENCHMARKS-style notes in bench/decode_probe.py):
+    # one lane reads at most 32 bytes of a f32 key row and 16 bytes of a 16-bit one (D=128:
+    # 16 lanes); 16-bit K/V serving several rows take half as many when the rows' query +
+    # accumulator state, rows * (dk + dv) / lanes floats, still fits REG_FLOATS; lanes double
+    # while it does not. A power of two dividing both widths in loads, at most 32 (and the
+    # subgroup when shuffles reduce the dot).
+    units = _largest_pow2_dividing(
+        min(_largest_pow2_dividing(p.dk // load_elems), _largest_pow2_dividing(p.dv // load_elems))
+    )
+    cap = min(32, units, sub if subgroup else 32)
+    lanes = _pow2_ceil(max(1, p.dk * bytes_ // (32 if bytes_ == 4 else 16)))
+    if bytes_ == 2 and rows > 1 and rows * (p.dk + p.dv) <= REG_FLOATS * (lanes // 2):
+        lanes //= 2
+    while rows * (p.dk + p.dv) > REG_FLOATS * lanes and lanes < 32:
+        lanes *= 2
+    lanes = max(1, min(cap, lanes))
+    lanes = int(ov.pop("lanes_per_key", lanes))
+    if subgroup and lanes > sub:
+        raise ShapeError(f"decode schedule: {lanes} lanes per key exceed the subgroup ({sub}) "
+                         "that their shuffles assume")
+
+    local = 64 if profile.device_type == "cpu" else LOCAL_SIZE
+    local = int(ov.pop("local_size", local))
+    local = max(local, lanes, sub if subgroup else 1)
+    local = min(local, profile.max_invocations, profile.max_workgroup_size[0])
+    # Keys per lane group per step: 4 where a lane's slice of a key is small (>= 16 lanes per
+    # key), else 2 (registers); lavapipe's 8-wide SIMD is best at 2.
+    kpi = 2 if profile.device_type == "cpu" or lanes < 16 else KEYS_PER_ITER
+    kpi = int(ov.pop("keys_per_iter", kpi))
+    prefetch = bool(ov.pop("prefetch", True))
+    fused_override = ov.pop("fused_combine", None)
+    f16_convert = str(ov.pop("f16_convert", "unpack"))
+    if f16_convert == "fp16" and not profile.extra.get("shader_float16"):
+        raise DtypeLowering("AttentionDecode", "f16 conversion through shaderFloat16")
+    if ov:
+        raise TypeError(f"unknown schedule overrides: {sorted(ov)}")
+    # Fit the workgroup memory: halve the workgroup, then the keys per step.
+    while decode_shared_bytes(local, lanes, kpi, rows, p.dv, subgroup) > \
+            profile.max_workgroup_memory:
+        if local > max(lanes, sub if subgroup else 1, 32):
+            local //= 2
+        elif kpi > 1:
+            kpi //= 2
+        else:
+            need = decode_shared_bytes(local, lanes, kpi, rows, p.dv, subgroup)
+            raise AttentionLds(p.dv, need, profile.max_workgroup_memory)
+
+    blocks = p.group_rows // rows
+    tile = (local // lanes) * kpi
+    if force_splits is not None:
+        splits = max(1, int(force_splits))
+    else:
+        splits = default_splits(p, profile, blocks, tile, max_splits)
+    out_rows = p.b * p.hq * p.lq
+    if splits > 1 and out_rows * splits * (p.dv + 2) * 4 > profile.max_storage_buffer_range:
+        if force_splits is not None:
+            raise ScratchBytes(out_rows * splits * (p.dv + 2) * 4,
+                               profile.max_storage_buffer_range)
+        splits = 1  # keep unsplit when the partials pass the binding range
+    groups = p.b * p.hkv * blocks * splits
+    cu = profile.compute_units
+    # Once the launch has a workgroup per compute unit, 128-lane workgroups pack the SMs
+    # better (H200: (32,32,8,2048) F32 130.6 us vs 138.6, F16 80.6 vs 94.0; (8,32,8,8192)
+    # F32 138.3 vs 153.8; (1,32,32,32768) F32 254.1 vs 268.4), except 16-bit K/V with one
+    # row per workgroup (141.9 vs 135.4). Below one per CU each workgroup must keep more
+    # keys in flight: (1,32,8,131072) F32 297 us at 128 lanes vs 254 at 256.
+    if cu and "local_size" not in ov_keys and groups >= cu and local > 128 and \
+            not (bytes_ == 2 and rows == 1) and profile.device_type != "cpu":
+        local = max(128, lanes, sub if subgroup else 1)
+    # Fused combine (the last split to finish combines): saves the second launch (~4 us on
+    # the H200) when the partials run as one wave of at most 16 splits; with several waves
+    # each workgroup's release fence delays the next wave, and with 64 splits the last
+    # workgroup's combine is a serial tail: two launches measured faster there
+    # ((1,8,1,65536) F32 63.6 us vs 88.3; (32,32,8,2048) split 2: 140.8 vs 153.8).
+    fused = (groups <= WAVES_PER_CU * cu and splits <= MAX_SPLITS) if cu else True
+    if fused_override is not None:
+        fused = bool(fused_override)
+    combine_groups = -(-out_rows * p.dv // COMBINE_LOCAL)
+    r = DecodeRequest(
+        b=p.b, hq=p.hq, hkv=p.hkv, lq=p.lq, lk=p.lk, dk=p.dk, dv=p.dv, scale=float(p.scale),
+        softcap=None if p.softcap is None else float(p.softcap), mask=p.mask,
+        kv_dtype=p.kv_dtype, live_len=p.live_len, splits=splits, rows_per_wg=rows,
+        lanes_per_key=lanes, local_size=local, keys_per_iter=kpi, load_elems=load_elems,
+        subgroup=subgroup, grid=fold_grid(groups, profile.max_grid),
+        combine_grid=fold_grid(combine_groups, profile.max_grid), prefetch=prefetch,
+        fused_combine=fused, f16_convert=f16_convert,
+    )
+    check_request(r)
+    return r
+
+
+def check_request(r: DecodeRequest) -> None:
+    """Raise ShapeError if a (hand-made or overridden) request cannot be generated."""
+    def bad(why: str) -> ShapeError:
+        return ShapeError(f"decode schedule: {why}: {r.describe()}")
+
+    lk = r.lanes_per_key
+    if lk < 1 or lk & (lk - 1):
+        raise bad("lanes_per_key must be a power of two")
+    if r.local_size % lk:
+        raise bad("local_size must be a multiple of lanes_per_key")
+    if r.load_elems not in (1, 4, 8) or (r.kv_dtype != "f32" and r.load_elems == 1) or \
+            (r.kv_dtype == "f32" and r.load_elems == 8):
+        raise bad("load_elems must be 4 or 1 (f32), 4 or 8 (16-bit)")
+    for d in (r.dk, r.dv):
+        if d % (r.load_elems * lk):
+            raise bad(f"width {d} is not a multiple of load_elems * lanes_per_key")
+    if r.group_rows % r.rows_per_wg:
+        raise bad("rows_per_wg must divide n_rep * lq")
+    if r.f16_convert not in ("unpack", "fp16"):
+        raise bad("f16_convert must be 'unpack' or 'fp16'")
+    if r.keys_per_iter < 1 or r.splits < 1:
+        raise bad("keys_per_iter and splits must be >= 1")

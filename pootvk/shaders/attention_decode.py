@@ -1,0 +1,427 @@
+"""GLSL for the grouped split-KV decode schedule (``pootvk.plan.decode_schedule``).
+
+Partial kernel: one workgroup per (batch row, KV head, row block, split). Lane ``i`` belongs
+to lane group ``i / LPK`` (LPK = lanes per key) and holds the head-dimension slice
+``{(d * LPK + i % LPK) * E ...}`` of every key its group takes, so one load instruction of a
+group reads LPK consecutive 16-byte words of one key row and a warp reads whole rows. Per
+loop step a group takes KPI keys ``base + j * GROUPS`` (j < KPI), loads their K and V slices
+(all in flight together), forms the partial dots with every query row of the block,
+reduces them across the LPK lanes (``subgroupShuffleXor``, or through workgroup memory),
+and applies one online-softmax update per row for the KPI keys.
+
+The running state is generated named registers: ``q{r}_{x}`` (pre-scaled query slice),
+``o{r}_{x}`` (accumulator slice), ``m{r}``, ``l{r}``; every index is resolved here in
+Python, so no private array exists (DESIGN.md). At the end the lane groups fold their
+(m, l, o) through workgroup memory, one row at a time.
+
+A -inf score adds exactly zero weight (every exp is guarded, so -inf - -inf never makes a
+NaN); a split whose chunk sees no key (or only -inf) writes the neutral (0, -inf, 0); a
+row that sees no key at all ends as 0/0 = NaN, as the oracle's softmax does. NaN follows
+the oracle: a NaN score makes p, hence l and o, NaN (GLSL's max may drop it from m, so every
+fold treats a NaN l as NaN even where m is -inf); a value row is multiplied by its weight,
+so a non-finite value row poisons the row as the oracle's matmul does, while the clamped
+reads of keys past the chunk are zeroed and never contribute. The key count Lk is a push
+constant.
+
+Combine kernel: one invocation per output element, ``out = sum_i o_i exp(m_i - M) /
+sum_i l_i exp(m_i - M)``.
+
+16-bit K/V are read as packed words (``uvec4`` = 8 halves = 16 bytes, or ``uvec2``):
+``unpackHalf2x16`` for F16, a 16-bit shift into a float's top bits for BF16; all math is F32.
+"""
+
+from __future__ import annotations
+
+from ..plan.decode_schedule import (
+    DecodeCombineRequest,
+    DecodeRequest,
+    check_request,
+    reduce_rows,
+)
+from .common import float_lit, group_id
+from .table import generators
+
+NEG_INF = float_lit(float("-inf"))
+
+
+def _buffer(binding: int, name: str, elem: str, *, readonly: bool, access: str = "") -> str:
+    access = access or ("readonly " if readonly else "writeonly ")
+    return (f"layout(std430, set = 0, binding = {binding}) {access}buffer B{binding} "
+            f"{{ {elem} {name}[]; }};\n")
+
+
+def _kv_glsl_type(r: DecodeRequest) -> str:
+    if r.kv_dtype == "f32":
+        return "vec4" if r.load_elems == 4 else "float"
+    return {8: "uvec4", 4: "uvec2"}[r.load_elems]
+
+
+def _unpack(r: DecodeRequest, w: str) -> list[str]:
+    """Float vectors (vec4, or float when vec == 1) of one loaded K/V word ``w``."""
+    if r.kv_dtype == "f32":
+        return [w]
+    f = "unpackHalf2x16" if r.kv_dtype == "f16" else "bf2"
+    if r.kv_dtype == "f16" and r.f16_convert == "fp16":
+        f = "h2"
+    comps = ["x", "y", "z", "w"][: r.load_elems // 2]
+    return [f"vec4({f}({w}.{comps[i]}), {f}({w}.{comps[i + 1]}))" for i in range(0, len(comps), 2)]
+
+
+@generators.register(DecodeRequest)
+def generate_decode_partial(r: DecodeRequest) -> str:
+    check_request(r)
+    W = r.vec
+    vt = "vec4" if W == 4 else "float"
+    E = r.load_elems
+    per = E // W  # float vectors per load
+    LPK, WG, KPI, R = r.lanes_per_key, r.local_size, r.keys_per_iter, r.rows_per_wg
+    NG = r.key_groups
+    UK, UV = r.dk // (E * LPK), r.dv // (E * LPK)  # loads per lane per key
+    NQX, NOX = UK * per, UV * per  # float vectors of q / o per lane per row
+    DKW, DVW = r.dk // W, r.dv // W  # row widths in float vectors
+    split = r.splits > 1
+    kvt = _kv_glsl_type(r)
+    dot = (lambda a, b: f"dot({a}, {b})") if W == 4 else (lambda a, b: f"{a} * {b}")
+
+    binds = [_buffer(0, "q", vt, readonly=True), _buffer(1, "k", kvt, readonly=True),
+             _buffer(2, "v", kvt, readonly=True)]
+    nb = 3
+    if r.mask is not None:
+        binds.append(_buffer(nb, "mask", "float", readonly=True))
+        nb += 1
+    if r.live_len:
+        binds.append(_buffer(nb, "lens", "uint", readonly=True))
+        nb += 1
+    fused = split and r.fused_combine
+    if fused:
+        binds.append(_buffer(nb, "part", "float", readonly=False, access="coherent "))
+        binds.append(_buffer(nb + 1, "counter", "uint", readonly=False, access="coherent "))
+        nb += 2
+    binds.append(_buffer(nb, "dst", "float" if split else vt, readonly=False))
+    assert nb + 1 == len(r.bindings())
+    pdst = "part" if fused else "dst"  # where the split partials go
+
+    ext = ["#extension GL_EXT_control_flow_attributes : require"]
+    if r.subgroup:
+        ext += ["#extension GL_KHR_shader_subgroup_basic : require",
+                "#extension GL_KHR_shader_subgroup_shuffle : require"]
+    helpers = ""
+    if r.kv_dtype == "f16" and r.f16_convert == "fp16":
+        ext.append("#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require")
+        helpers = "vec2 h2(uint w) { return vec2(unpackFloat2x16(w)); }\n"
+    if r.kv_dtype == "bf16":
+        helpers = ("vec2 bf2(uint w) {\n"
+                   "    return vec2(uintBitsToFloat(w << 16), uintBitsToFloat(w & 0xffff0000u));\n"
+                   "}\n")
+    red_rows = reduce_rows(R, KPI, WG)
+    shared = [f"shared float s_m[{R * NG}];", f"shared float s_l[{R * NG}];",
+              f"shared {vt} s_o[{NG * DVW}];"]
+    if not r.subgroup:
+        shared.append(f"shared float s_red[{red_rows * KPI * WG}];")
+    if fused:
+        shared.append("shared uint s_last;")
+
+    L: list[str] = []  # main body lines (4-space base indent)
+
+    def emit(s: str, ind: int = 1) -> None:
+        L.append("    " * ind + s)
+
+    emit("uint LK_CAP = pc.lk;  // one kernel serves every length")
+    emit(f"uint wg = {group_id(r.grid[0])};")
+    emit(f"if (wg >= {r.workgroups}u) return;  // uniform over the workgroup")
+    emit(f"uint split = wg % {r.splits}u;")
+    emit(f"uint rest = wg / {r.splits}u;")
+    emit(f"uint rbase = (rest % {r.row_blocks}u) * {R}u;  // first row of this block")
+    emit(f"uint bg = rest / {r.row_blocks}u;  // b * HKV + g")
+    emit(f"uint g = bg % {r.hkv}u;")
+    emit(f"uint b = bg / {r.hkv}u;")
+    if r.subgroup:
+        emit("uint lane = gl_SubgroupID * gl_SubgroupSize + gl_SubgroupInvocationID;")
+    else:
+        emit("uint lane = gl_LocalInvocationID.x;")
+    emit(f"uint li = lane % {LPK}u;  // lane within its key group")
+    emit(f"uint gi = lane / {LPK}u;  // key group")
+    if r.live_len:
+        emit("uint LK = min(lens[0], LK_CAP);")
+    else:
+        emit("uint LK = LK_CAP;")
+    if split:
+        emit(f"uint per = (LK + {r.splits - 1}u) / {r.splits}u;")
+        emit(f"uint chunk = (per + {r.tile - 1}u) / {r.tile}u * {r.tile}u;")
+        emit("uint k0 = min(split * chunk, LK);")
+        emit("uint k1 = min(k0 + chunk, LK);")
+    else:
+        emit("uint k0 = 0u;")
+        emit("uint k1 = LK;")
+    emit(f"uint nit = (k1 - k0 + {r.tile - 1}u) / {r.tile}u;")
+    emit("uint kvrow = bg * LK_CAP;  // first key row of this KV head")
+    # query rows: orow = (b * HKV + g) * GROUP_ROWS + rbase + r
+    for i in range(R):
+        emit(f"uint orow{i} = bg * {r.group_rows}u + rbase + {i}u;")
+        for x in range(NQX):
+            d, e = divmod(x, per)
+            emit(f"{vt} q{i}_{x} = q[orow{i} * {DKW}u + (({d * LPK}u + li) * {per}u + {e}u)]"
+                 f" * SCALE;")
+        if r.mask is not None:
+            mb, mh, mq = r.mask
+            emit(f"uint rg{i} = rbase + {i}u;")
+            h = f"(g * {r.n_rep}u + rg{i} / {r.lq}u)"
+            qi = f"(rg{i} % {r.lq}u)"
+            emit(f"uint mrow{i} = (({'b' if mb > 1 else '0u'} * {mh}u + "
+                 f"{h if mh > 1 else '0u'}) * {mq}u + {qi if mq > 1 else '0u'}) * LK_CAP;")
+        for x in range(NOX):
+            emit(f"{vt} o{i}_{x} = {vt}(0.0);")
+        emit(f"float m{i} = NEG_INF;")
+        emit(f"float l{i} = 0.0;")
+
+    def key_rows(it: str, ind: int, decl: str = "uint ") -> None:
+        """t/ok/tt/kb/vb of the keys of step ``it`` (reads past the chunk are clamped)."""
+        emit(f"{decl}base = k0 + {it} * {r.tile}u + gi;", ind)
+        for j in range(KPI):
+            emit(f"{decl}t{j} = base + {j * NG}u;", ind)
+            emit(f"{decl.replace('uint', 'bool')}ok{j} = t{j} < k1;", ind)
+            emit(f"{decl}tt{j} = ok{j} ? t{j} : k0;  // a key past the chunk reads a valid row",
+                 ind)
+
+    def loads(ind: int, decl: bool, src: str = "tt") -> None:
+        for j in range(KPI):
+            emit(f"uint kb{j} = (kvrow + {src}{j}) * {r.dk // E}u + li;", ind)
+            emit(f"uint vb{j} = (kvrow + {src}{j}) * {r.dv // E}u + li;", ind)
+        for j in range(KPI):
+            for d in range(UK):
+                emit(f"{kvt + ' ' if decl else ''}kw{j}_{d} = k[kb{j} + {d * LPK}u];", ind)
+        for j in range(KPI):
+            for d in range(UV):
+                emit(f"{kvt + ' ' if decl else ''}vw{j}_{d} = v[vb{j} + {d * LPK}u];", ind)
+
+    if r.prefetch:
+        # software pipeline: step it's K/V words were loaded during step it - 1
+        for j in range(KPI):
+            for d in range(UK):
+                emit(f"{kvt} kw{j}_{d};")
+            for d in range(UV):
+                emit(f"{kvt} vw{j}_{d};")
+        emit("{  // step 0's loads (clamped to a valid row; an empty chunk reads row k0)")
+        for j in range(KPI):
+            emit(f"uint px{j} = min(k0 + gi + {j * NG}u, max(k1, 1u) - 1u);", 2)
+        loads(2, False, "px")
+        emit("}")
+    emit("for (uint it = 0u; it < nit; ++it) {")
+    key_rows("it", 2)
+    if r.prefetch:
+        for j in range(KPI):
+            for d in range(UK):
+                emit(f"{kvt} kc{j}_{d} = kw{j}_{d};", 2)
+            for d in range(UV):
+                emit(f"{kvt} vc{j}_{d} = vw{j}_{d};", 2)
+        emit("{  // issue the next step's loads now", 2)
+        emit(f"uint nb = k0 + (it + 1u) * {r.tile}u + gi;", 3)
+        for j in range(KPI):
+            emit(f"uint px{j} = min(nb + {j * NG}u, k1 - 1u);", 3)
+        loads(3, False, "px")
+        emit("}", 2)
+        kname, vname = "kc", "vc"
+    else:
+        loads(2, True)
+        kname, vname = "kw", "vw"
+    for j in range(KPI):
+        for d in range(UK):
+            for e, ex in enumerate(_unpack(r, f"{kname}{j}_{d}")):
+                emit(f"{vt} kf{j}_{d * per + e} = {ex};", 2)
+    # partial dots
+    for i in range(R):
+        for j in range(KPI):
+            terms = " + ".join(dot(f"q{i}_{x}", f"kf{j}_{x}") for x in range(NQX))
+            emit(f"float s{i}_{j} = {terms};", 2)
+    # reduce across the LPK lanes of a key group
+    if LPK > 1:
+        if r.subgroup:
+            off = LPK // 2
+            while off >= 1:
+                for i in range(R):
+                    for j in range(KPI):
+                        emit(f"s{i}_{j} += subgroupShuffleXor(s{i}_{j}, {off}u);", 2)
+                off //= 2
+        else:
+            for r0 in range(0, R, red_rows):
+                rr = range(r0, min(R, r0 + red_rows))
+                for n, i in enumerate(rr):
+                    for j in range(KPI):
+                        emit(f"s_red[{(n * KPI + j) * WG}u + lane] = s{i}_{j};", 2)
+                emit("barrier();", 2)
+                for n, i in enumerate(rr):
+                    for j in range(KPI):
+                        slot = f"{(n * KPI + j) * WG}u + gi * {LPK}u"
+                        emit(f"s{i}_{j} = 0.0;", 2)
+                        emit(f"for (uint u = 0u; u < {LPK}u; ++u) "
+                             f"s{i}_{j} += s_red[{slot} + u];", 2)
+                emit("barrier();", 2)
+    # score transform, mask, keys past the chunk
+    for i in range(R):
+        for j in range(KPI):
+            s = f"s{i}_{j}"
+            if r.softcap is not None:
+                emit(f"{s} = SOFTCAP * tanh(clamp({s} / SOFTCAP, -15.0, 15.0));", 2)
+            if r.mask is not None:
+                emit(f"{s} += mask[mrow{i} + tt{j}];", 2)
+            emit(f"{s} = ok{j} ? {s} : NEG_INF;", 2)
+    # V words unpacked once per key (shared by every row)
+    for j in range(KPI):
+        for d in range(UV):
+            for e, ex in enumerate(_unpack(r, f"{vname}{j}_{d}")):
+                # a key past the chunk read a clamped row: it must add nothing, even inf
+                emit(f"{vt} vf{j}_{d * per + e} = ok{j} ? {ex} : {vt}(0.0);", 2)
+    # online softmax: one rescale per row per step
+    for i in range(R):
+        smax = f"s{i}_0"
+        for j in range(1, KPI):
+            smax = f"max({smax}, s{i}_{j})"
+        emit(f"float mn{i} = max(m{i}, {smax});", 2)
+        emit(f"float al{i} = (m{i} == NEG_INF) ? 0.0 : exp(m{i} - mn{i});", 2)
+        for j in range(KPI):
+            emit(f"float p{i}_{j} = (s{i}_{j} == NEG_INF) ? 0.0 : exp(s{i}_{j} - mn{i});", 2)
+        emit(f"l{i} = l{i} * al{i}" + "".join(f" + p{i}_{j}" for j in range(KPI)) + ";", 2)
+        for x in range(NOX):
+            upd = "".join(f" + p{i}_{j} * vf{j}_{x}" for j in range(KPI))
+            emit(f"o{i}_{x} = o{i}_{x} * al{i}{upd};", 2)
+        emit(f"m{i} = mn{i};", 2)
+    emit("}")
+
+    # fold the lane groups: (m, l) of every row, then each row's accumulators in turn
+    emit("if (li == 0u) {")
+    for i in range(R):
+        emit(f"s_m[{i * NG}u + gi] = m{i};", 2)
+        emit(f"s_l[{i * NG}u + gi] = l{i};", 2)
+    emit("}")
+    emit("barrier();")
+    for i in range(R):
+        emit("{")
+        emit("float M = NEG_INF;", 2)
+        emit(f"for (uint u = 0u; u < {NG}u; ++u) M = max(M, s_m[{i * NG}u + u]);", 2)
+        emit("float Lsum = 0.0;", 2)
+        emit(f"for (uint u = 0u; u < {NG}u; ++u) {{", 2)
+        emit(f"float mu = s_m[{i * NG}u + u];", 3)
+        emit(f"float lu = s_l[{i * NG}u + u];", 3)
+        emit("Lsum += isnan(lu) ? lu : (mu == NEG_INF) ? 0.0 : lu * exp(mu - M);", 3)
+        emit("}", 2)
+        emit(f"float f = (m{i} == NEG_INF) ? 0.0 : exp(m{i} - M);", 2)
+        if i:
+            emit("barrier();  // the previous row's reads of s_o are done", 2)
+        for x in range(NOX):
+            d, e = divmod(x, per)
+            emit(f"s_o[gi * {DVW}u + ({d * LPK}u + li) * {per}u + {e}u] = o{i}_{x} * f;", 2)
+        emit("barrier();", 2)
+        emit(f"for (uint c = lane; c < {DVW}u; c += {WG}u) {{", 2)
+        emit(f"{vt} acc = {vt}(0.0);", 3)
+        emit(f"for (uint u = 0u; u < {NG}u; ++u) acc += s_o[u * {DVW}u + c];", 3)
+        if split:
+            emit(f"uint pb = (orow{i} * {r.splits}u + split) * {r.dv + 2}u;", 3)
+            if W == 4:
+                for cc, comp in enumerate("xyzw"):
+                    emit(f"{pdst}[pb + c * 4u + {cc}u] = acc.{comp};", 3)
+            else:
+                emit(f"{pdst}[pb + c] = acc;", 3)
+            emit("if (c == 0u) {", 3)
+            emit(f"{pdst}[pb + {r.dv}u] = M;", 4)
+            emit(f"{pdst}[pb + {r.dv + 1}u] = Lsum;", 4)
+            emit("}", 3)
+        else:
+            emit(f"dst[orow{i} * {DVW}u + c] = acc / Lsum;  // no key seen: 0/0 = NaN", 3)
+        emit("}", 2)
+        emit("}")
+
+    if fused:
+        # The last workgroup of this (batch, KV head, row block) to finish combines every
+        # split's partial (threadfence-reduction pattern: partials are coherent, each
+        # workgroup orders its writes before its arrival, the last one resets the counter).
+        emit("memoryBarrierBuffer();")
+        emit("barrier();")
+        emit("if (gl_LocalInvocationIndex == 0u) {")
+        emit("uint prev = atomicAdd(counter[rest], 1u);", 2)
+        emit(f"s_last = (prev == {r.splits - 1}u) ? 1u : 0u;", 2)
+        emit("}")
+        emit("barrier();")
+        emit("if (s_last == 0u) return;")
+        emit("memoryBarrierBuffer();")
+        emit(f"for (uint id = lane; id < {R * r.dv}u; id += {WG}u) {{")
+        emit(f"uint orow = bg * {r.group_rows}u + rbase + id / {r.dv}u;", 2)
+        emit(f"uint c = id % {r.dv}u;", 2)
+        emit(f"uint base = orow * {r.splits * (r.dv + 2)}u;", 2)
+        emit("float M = NEG_INF;", 2)
+        emit("[[unroll]] for (uint u = 0u; u < SPLITS; ++u) "
+             f"M = max(M, part[base + u * {r.dv + 2}u + {r.dv}u]);", 2)
+        emit("float den = 0.0;", 2)
+        emit("float acc = 0.0;", 2)
+        emit("[[unroll]] for (uint u = 0u; u < SPLITS; ++u) {", 2)
+        emit(f"uint pb = base + u * {r.dv + 2}u;", 3)
+        emit(f"float mu = part[pb + {r.dv}u];", 3)
+        emit("float w = (mu == NEG_INF) ? 0.0 : exp(mu - M);", 3)
+        emit(f"float lp = part[pb + {r.dv + 1}u];", 3)
+        emit("den += isnan(lp) ? lp : w * lp;", 3)
+        emit("acc += w * part[pb + c];", 3)
+        emit("}", 2)
+        emit(f"dst[orow * {r.dv}u + c] = acc / den;  // no key seen: 0/0 = NaN", 2)
+        emit("}")
+        emit("if (gl_LocalInvocationIndex == 0u) counter[rest] = 0u;  // ready for the next replay")
+
+    consts = [
+        "layout(push_constant) uniform Push { uint lk; } pc;  // keys per K/V head (stride)",
+        f"const uint SPLITS = {r.splits}u;",
+        f"#define SCALE {float_lit(r.scale)}",
+        f"#define NEG_INF {NEG_INF}",
+    ]
+    if r.softcap is not None:
+        consts.append(f"#define SOFTCAP {float_lit(r.softcap)}")
+    return (
+        "#version 450\n" + "\n".join(ext) + "\n"
+        + f"layout(local_size_x = {WG}) in;\n"
+        + f"// {r.describe().replace(f'Lk={r.lk}', 'Lk=pc.lk')}\n"  # the source omits Lk
+        + "".join(binds) + "\n".join(consts) + "\n" + "\n".join(shared) + "\n" + helpers
+        + "\nvoid main() {\n" + "\n".join(L) + "\n}\n"
+    )
+
+
+def generate_decode_combine(r: DecodeRequest) -> str:
+    """One invocation per output element: fold the splits' (o, m, l)."""
+    S, DV = r.splits, r.dv
+    return f"""#version 450
+layout(local_size_x = 64) in;
+// combine: {r.out_rows} rows, {S} splits, Dv={DV}
+layout(std430, set = 0, binding = 0) readonly buffer B0 {{ float part[]; }};
+layout(std430, set = 0, binding = 1) writeonly buffer B1 {{ float dst[]; }};
+#define NEG_INF {NEG_INF}
+
+void main() {{
+    uint id = {group_id(r.combine_grid[0])} * 64u + gl_LocalInvocationID.x;
+    if (id >= {r.combine_threads}u) return;
+    uint row = id / {DV}u;
+    uint c = id % {DV}u;
+    uint base = row * {S * (DV + 2)}u;
+    float M = NEG_INF;
+    for (uint s = 0u; s < {S}u; ++s) M = max(M, part[base + s * {DV + 2}u + {DV}u]);
+    float den = 0.0;
+    float acc = 0.0;
+    for (uint s = 0u; s < {S}u; ++s) {{
+        uint pb = base + s * {DV + 2}u;
+        float ms = part[pb + {DV}u];
+        float w = (ms == NEG_INF) ? 0.0 : exp(ms - M);
+        float lp = part[pb + {DV + 1}u];
+        den += isnan(lp) ? lp : w * lp;  // a NaN score anywhere makes the row NaN
+        acc += w * part[pb + c];
+    }}
+    dst[id] = acc / den;  // a row that saw no key: 0/0 = NaN
+}}
+"""
+
+
+@generators.register(DecodeCombineRequest)
+def _combine(r: DecodeCombineRequest) -> str:
+    return generate_decode_combine(r.partial)
+
+
+def generate_decode(r: DecodeRequest) -> list[str]:
+    """The sources of the launches ``r`` needs, in order: [partial] or [partial, combine]."""
+    out = [generate_decode_partial(r)]
+    if r.launches == 2:
+        out.append(generate_decode_combine(r))
+    return out

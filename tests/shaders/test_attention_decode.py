@@ -1,0 +1,364 @@
+"""The grouped split-KV decode kernels on the live device (lavapipe in CI) against a float64
+numpy reference: shapes, GQA ratios, masks (broadcast, per head, -inf, fully masked rows and
+splits), softcap, f32/f16/bf16 K/V, forced split counts (partial and empty chunks), the
+subgroup and shared-memory reductions, and a live length read from a buffer."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pootvk.errors import DtypeLowering, ShapeError
+from pootvk.plan.decode_schedule import (
+    DecodeProblem,
+    choose_decode_schedule,
+    chunk_for,
+    default_splits,
+)
+from pootvk.plan.profile import recorded_profile, recorded_profiles
+from pootvk.shaders.attention_decode import generate_decode
+from pootvk.shaders.compiler import compile_glsl
+
+TOL = 5e-4
+
+# A declaration of a non-shared array: `float acc[4];`, `const vec4 t[2] = ...`
+PRIVATE_ARRAY = re.compile(
+    r"^\s*(?:const\s+)?(?:float|int|uint|bool|[iu]?vec[234]|mat[234]|float16_t|f16vec[234])"
+    r"\s+\w+\s*\[", re.M
+)
+
+
+# --- host side: storage dtypes, the reference, one run --------------------------------------
+
+
+def to_storage(x: np.ndarray, kv_dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes to upload, the values the device sees as float64)."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if kv_dtype == "f32":
+        return x, x.astype(np.float64)
+    if kv_dtype == "f16":
+        h = x.astype(np.float16)
+        return h, h.astype(np.float64)
+    bits = x.view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)  # nearest even
+    back = (rounded.astype(np.uint32) << 16).view(np.float32)
+    return rounded, back.astype(np.float64)
+
+
+def reference(q, k64, v64, mask, scale, softcap, live=None):
+    """float64 attention; -inf adds zero weight; a row that sees no key is 0/0 = NaN."""
+    n_rep = q.shape[1] // k64.shape[1]
+    k = np.repeat(k64, n_rep, axis=1)
+    v = np.repeat(v64, n_rep, axis=1)
+    s = np.einsum("bhqd,bhkd->bhqk", q.astype(np.float64), k) * scale
+    if softcap is not None:
+        s = softcap * np.tanh(s / softcap)
+    if mask is not None:
+        s = s + mask.astype(np.float64)
+    if live is not None:
+        s[..., live:] = -np.inf
+    with np.errstate(invalid="ignore"):
+        m = s.max(-1, keepdims=True)
+        e = np.exp(s - m)
+        p = e / e.sum(-1, keepdims=True)
+    return np.einsum("bhqk,bhkd->bhqd", p, v)
+
+
+def run_decode(device, req, q, k_store, v_store, mask=None, live=None, replays=2):
+    """Run the request's launches once; returns the f32 output."""
+    from pootvk.vk import BufferRange, Dispatch, Recorder
+
+    made = []
+
+    def buf(nbytes, name, data=None):
+        b = device.create_buffer(nbytes, name=name)
+        made.append(b)
+        if data is not None:
+            b.write(0, np.ascontiguousarray(data))
+        return BufferRange(b, 0, b.size)
+
+    try:
+        out_shape = (req.b, req.hq, req.lq, req.dv)
+        out = buf(int(np.prod(out_shape)) * 4, "out")
+        out.buffer.write(0, np.full(out_shape, 12345.0, np.float32))  # poison
+        ranges = {"q": buf(q.nbytes, "q", q), "k": buf(k_store.nbytes, "k", k_store),
+                  "v": buf(v_store.nbytes, "v", v_store), "out": out}
+        if mask is not None:
+            ranges["mask"] = buf(mask.nbytes, "mask", mask)
+        if req.live_len:
+            ranges["len"] = buf(4, "len", np.array([live], np.uint32))
+        if req.splits > 1:
+            part = buf(req.partial_floats * 4, "partial")
+            part.buffer.write(0, np.full(req.partial_floats, 777.0, np.float32))
+            ranges["partial"] = part
+            ranges["counter"] = buf(req.counters * 4, "counter",
+                                    np.zeros(req.counters, np.uint32))
+        srcs = generate_decode(req)
+        launches = [(srcs[0], req.bindings(), req.grid, req.push_constants())]
+        if req.launches == 2:
+            launches.append((srcs[1], req.combine_bindings(), req.combine_grid, ()))
+        dispatches = []
+        for src, binds, grid, push in launches:
+            pipe = device.compute_pipeline(compile_glsl(src), len(binds), len(push))
+            dispatches.append(Dispatch(pipe, tuple(ranges[b.name] for b in binds),
+                                       (grid[0], grid[1], 1), "decode", push=push))
+        rec = Recorder(device).record(dispatches)
+        try:
+            rec.submit(wait=True)
+            got = out.buffer.read_array(0, out_shape, np.float32)
+            if replays > 1:  # a replay must give the same answer (the counters reset)
+                out.buffer.write(0, np.full(out_shape, 12345.0, np.float32))
+                for _ in range(replays - 1):
+                    rec.submit(wait=True)
+                again = out.buffer.read_array(0, out_shape, np.float32)
+                np.testing.assert_array_equal(again, got)
+        finally:
+            rec.destroy()
+        return got
+    finally:
+        for b in made:
+            b.destroy()
+
+
+def make_mask(kind, rng, b, hq, lq, lk):
+    if kind is None:
+        return None
+    if kind == "shared":  # causal-style, one for every head, broadcast over B
+        m = np.where(np.arange(lk)[None, :] <= np.arange(lq)[:, None] + lk - lq, 0.0, -np.inf)
+        return np.broadcast_to(m, (1, 1, lq, lk)).astype(np.float32).copy()
+    if kind == "alibi":  # per-head linear bias, broadcast over B and Lq
+        slopes = 2.0 ** (-8.0 * np.arange(1, hq + 1) / hq)
+        m = slopes[:, None, None] * (np.arange(lk) - lk + 1)[None, None, :]
+        return np.broadcast_to(m[None], (1, hq, 1, lk)).astype(np.float32).copy()
+    if kind == "random":  # per (batch, head, row), with -inf holes
+        m = rng.standard_normal((b, hq, lq, lk)).astype(np.float32)
+        m[rng.random(m.shape) < 0.3] = -np.inf
+        return m
+    raise ValueError(kind)
+
+
+def check(got, ref):
+    assert got.dtype == np.float32 and got.shape == ref.shape
+    nan = np.isnan(ref)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    d = got[~nan].astype(np.float64) - ref[~nan]
+    den = max(float((ref[~nan] ** 2).sum()), 1e-30)
+    e = float((d**2).sum() / den)
+    assert e <= TOL, f"normalised squared error {e:.2e} (max abs {np.abs(d).max():.2e})"
+    return e
+
+
+def case(device, *, b=1, hq=4, hkv=1, lq=1, lk=113, dk=64, dv=64, kv="f32", mask=None,
+         softcap=None, splits=None, subgroup=True, live=None, seed=0, overrides=None,
+         mask_array=None):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((b, hq, lq, dk), dtype=np.float32)
+    k = rng.standard_normal((b, hkv, lk, dk), dtype=np.float32)
+    v = rng.standard_normal((b, hkv, lk, dv), dtype=np.float32)
+    m = mask_array if mask_array is not None else make_mask(mask, rng, b, hq, lq, lk)
+    scale = 1.0 / np.sqrt(dk)
+    p = DecodeProblem(b=b, hq=hq, hkv=hkv, lq=lq, lk=lk, dk=dk, dv=dv, scale=scale,
+                      softcap=softcap, mask=None if m is None else m.shape[:3], kv_dtype=kv,
+                      live_len=live is not None)
+    req = choose_decode_schedule(p, device.profile, has_subgroup_shuffle=subgroup,
+                                 force_splits=splits, overrides=overrides)
+    ks, k64 = to_storage(k, kv)
+    vs, v64 = to_storage(v, kv)
+    got = run_decode(device, req, q, ks, vs, m, live)
+    ref = reference(q, k64, v64, m, scale, softcap, live)
+    check(got, ref)
+    return req, got
+
+
+# --- parametrized cases ---------------------------------------------------------------------
+
+SHAPES = [  # b, hq, hkv, lq, lk, dk, dv
+    (1, 32, 8, 1, 1000, 128, 128),
+    (2, 12, 1, 1, 129, 64, 64),
+    (3, 4, 4, 3, 113, 72, 40),
+    (1, 8, 1, 3, 128, 40, 72),
+    (2, 8, 2, 1, 1, 128, 64),
+]
+
+
+@pytest.mark.parametrize("subgroup", [True, False], ids=["subgroup", "shared"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_shapes(device, shape, subgroup):
+    b, hq, hkv, lq, lk, dk, dv = shape
+    case(device, b=b, hq=hq, hkv=hkv, lq=lq, lk=lk, dk=dk, dv=dv, subgroup=subgroup,
+         splits=2 if lk > 1 else 1)
+
+
+@pytest.mark.parametrize("splits", [1, 2, 7, 16])
+@pytest.mark.parametrize("kv", ["f32", "f16", "bf16"])
+def test_forced_splits_and_dtypes(device, splits, kv):
+    # Lk=113 with 16 splits: chunks of one tile, most of them empty, the last one partial
+    req, _ = case(device, b=2, hq=8, hkv=2, lk=113 if splits != 7 else 1000, dk=64, dv=128,
+                  kv=kv, splits=splits, mask="alibi", seed=splits)
+    assert req.splits == splits
+
+
+@pytest.mark.parametrize("kv", ["f16", "bf16"])
+def test_16bit_with_8_byte_loads(device, kv):
+    """Widths that are multiples of 4 but not 8 read uvec2 (4 halves)."""
+    req, _ = case(device, hq=4, hkv=2, lk=129, dk=44, dv=36, kv=kv, splits=2)
+    assert req.load_elems == 4
+
+
+def test_scalar_widths(device):
+    """f32 widths that are not multiples of 4: float loads, one float per lane step."""
+    req, _ = case(device, hq=6, hkv=3, lk=300, dk=6, dv=10, splits=2, mask="alibi")
+    assert req.load_elems == 1 and req.vec == 1
+
+
+@pytest.mark.parametrize("subgroup", [True, False], ids=["subgroup", "shared"])
+def test_softcap_and_random_masks(device, subgroup):
+    case(device, b=2, hq=8, hkv=2, lq=3, lk=129, dk=64, dv=64, mask="random", softcap=8.0,
+         splits=7, subgroup=subgroup)
+
+
+@pytest.mark.parametrize("splits", [1, 16])
+def test_minus_inf_rows_and_masked_splits(device, splits):
+    """Row 0 sees 5 keys, row 1 nothing (NaN), row 2 only the last chunk: with splits the
+    leading splits are entirely masked and write the neutral partial."""
+    b, hq, lq, lk = 1, 4, 3, 1000
+    m = np.zeros((b, hq, lq, lk), np.float32)
+    m[:, :, 0, 5:] = -np.inf
+    m[:, :, 1, :] = -np.inf
+    m[:, :, 2, :900] = -np.inf
+    m[0, 1, 2, ::2] = -np.inf
+    _, got = case(device, b=b, hq=hq, hkv=2, lq=lq, lk=lk, dk=64, dv=64, splits=splits,
+                  mask_array=m)
+    assert np.isnan(got[:, :, 1]).all()
+    assert np.isfinite(got[:, :, 0]).all() and np.isfinite(got[:, :, 2]).all()
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "two-launches"])
+@pytest.mark.parametrize("prefetch", [True, False], ids=["prefetch", "no-prefetch"])
+def test_combine_and_prefetch_variants(device, fused, prefetch):
+    req, _ = case(device, b=2, hq=8, hkv=2, lk=1000, dk=64, dv=64, splits=7, mask="alibi",
+                  overrides={"fused_combine": fused, "prefetch": prefetch})
+    assert req.launches == (1 if fused else 2) and req.prefetch == prefetch
+
+
+def test_fp16_conversion_variant(device):
+    if not device.profile.extra.get("shader_float16"):
+        pytest.skip("no shaderFloat16")
+    req, _ = case(device, hq=8, hkv=2, lk=300, dk=64, dv=64, kv="f16", splits=2,
+                  overrides={"f16_convert": "fp16"})
+    assert req.f16_convert == "fp16"
+
+
+@pytest.mark.parametrize("splits", [1, 7])
+def test_live_length_from_a_buffer(device, splits):
+    """Lk from a one-word buffer: keys at or past it add nothing (one recording, any length)."""
+    case(device, hq=8, hkv=2, lk=1000, dk=64, dv=64, splits=splits, live=517, mask="alibi")
+
+
+def test_row_blocks(device):
+    """n_rep * lq = 36 rows: cut into row blocks (each block its own workgroups)."""
+    req, _ = case(device, b=1, hq=12, hkv=1, lq=3, lk=129, dk=64, dv=64, splits=2, kv="f16",
+                  overrides={"max_rows": 6})
+    assert req.row_blocks == 6 and req.rows_per_wg == 6
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    b=st.integers(1, 3), n_rep=st.sampled_from([1, 4, 8, 12]), hkv=st.integers(1, 2),
+    lq=st.sampled_from([1, 3]), lk=st.sampled_from([1, 113, 128, 129, 1000]),
+    dk=st.sampled_from([40, 64, 72, 128]), dv=st.sampled_from([40, 64, 72, 128]),
+    mask=st.sampled_from([None, "shared", "alibi"]), softcap=st.sampled_from([None, 8.0]),
+    kv=st.sampled_from(["f32", "f16", "bf16"]), splits=st.sampled_from([1, 2, 7, 16]),
+    subgroup=st.booleans(), seed=st.integers(0, 2**16),
+)
+def test_sweep(device, b, n_rep, hkv, lq, lk, dk, dv, mask, softcap, kv, splits, subgroup,
+               seed):
+    case(device, b=b, hq=hkv * n_rep, hkv=hkv, lq=lq, lk=lk, dk=dk, dv=dv, mask=mask,
+         softcap=softcap, kv=kv, splits=splits, subgroup=subgroup, seed=seed)
+
+
+# --- pure checks: sources and the chooser ---------------------------------------------------
+
+
+def _sources():
+    for prof in recorded_profiles().values():
+        for kv in ("f32", "f16", "bf16"):
+            for sub in (True, False):
+                for shape in SHAPES + [(1, 32, 8, 1, 32768, 128, 128), (1, 6, 3, 1, 50, 6, 10)]:
+                    b, hq, hkv, lq, lk, dk, dv = shape
+                    if kv != "f32" and (dk % 4 or dv % 4):
+                        continue
+                    p = DecodeProblem(b=b, hq=hq, hkv=hkv, lq=lq, lk=lk, dk=dk, dv=dv,
+                                      scale=0.1, softcap=5.0, mask=(1, hq, 1), kv_dtype=kv)
+                    try:
+                        r = choose_decode_schedule(p, prof, has_subgroup_shuffle=sub,
+                                                   force_splits=3)
+                    except DtypeLowering:
+                        continue
+                    yield from generate_decode(r)
+
+
+def test_no_private_arrays_and_every_source_compiles():
+    srcs = sorted(set(_sources()))
+    assert len(srcs) > 20
+    for src in srcs:
+        bad = PRIVATE_ARRAY.findall(src)
+        assert not bad, f"private array in generated source: {bad}"
+    assert PRIVATE_ARRAY.search("void main() {\n    float acc[8];\n")  # the scan can fail
+    assert PRIVATE_ARRAY.search("  vec4 t[2];\n")
+    assert not PRIVATE_ARRAY.search("shared float s_m[64];\n")
+    for src in srcs[::7]:  # a sample through glslang (the rest compile in the device tests)
+        assert len(compile_glsl(src)) > 100
+
+
+def test_split_rule_on_the_h200_profile():
+    h200 = recorded_profile("nvidia_h200")
+
+    def req(b, hq, hkv, lk, kv="f16"):
+        p = DecodeProblem(b=b, hq=hq, hkv=hkv, lq=1, lk=lk, dk=128, dv=128, scale=0.1,
+                          kv_dtype=kv)
+        return choose_decode_schedule(p, h200, has_subgroup_shuffle=True)
+
+    r = req(1, 32, 8, 32768)
+    assert r.splits == 16 and r.workgroups == 128 and r.fused_combine and r.launches == 1
+    assert r.chunk >= 128 and r.chunk % r.tile == 0 and r.local_size == 256
+    assert r.lanes_per_key == 8 and req(1, 32, 8, 32768, "f32").lanes_per_key == 16
+    big = req(32, 32, 8, 2048)
+    assert big.splits == 1 and big.local_size == 128  # 256 (batch, KV head) groups fill 132 SMs
+    assert req(1, 32, 8, 200).splits == 1  # chunks would fall under 128 keys
+    one = req(1, 8, 1, 65536)  # a single KV head: up to 64 splits, combined by a 2nd launch
+    assert one.splits == 64 and one.launches == 2
+    mid = req(8, 32, 8, 8192)
+    assert mid.splits == 5 and mid.launches == 2
+    lav = recorded_profile("lavapipe")
+    p = DecodeProblem(b=1, hq=32, hkv=8, lq=1, lk=32768, dk=128, dv=128, scale=0.1)
+    assert choose_decode_schedule(p, lav, has_subgroup_shuffle=True).splits == 1
+    # Lq > 1 is not split (seed rule)
+    p3 = DecodeProblem(b=1, hq=32, hkv=8, lq=3, lk=32768, dk=128, dv=128, scale=0.1)
+    assert choose_decode_schedule(p3, h200, has_subgroup_shuffle=True).splits == 1
+
+
+def test_chooser_limits():
+    mobile = recorded_profile("mobile_16k")
+    p = DecodeProblem(b=1, hq=8, hkv=1, lq=1, lk=4096, dk=128, dv=128, scale=0.1)
+    r = choose_decode_schedule(p, mobile, has_subgroup_shuffle=False)
+    assert r.shared_bytes <= mobile.max_workgroup_memory
+    no16 = mobile.with_(supports_16bit=False, extra={})
+    with pytest.raises(DtypeLowering):
+        choose_decode_schedule(DecodeProblem(b=1, hq=8, hkv=1, lq=1, lk=64, dk=128, dv=128,
+                                             scale=0.1, kv_dtype="f16"), no16,
+                               has_subgroup_shuffle=False)
+    with pytest.raises(ShapeError):
+        DecodeProblem(b=1, hq=6, hkv=4, lq=1, lk=64, dk=64, dv=64, scale=0.1)
+    with pytest.raises(ShapeError):
+        DecodeProblem(b=2, hq=8, hkv=4, lq=1, lk=64, dk=64, dv=64, scale=0.1, mask=(2, 3, 1))
+    assert chunk_for(113, 16, 32) == 32 and chunk_for(1000, 7, 32) == 160
+    assert default_splits(p, recorded_profile("lavapipe"), 1, 32) == 1
+    # the requests are plan keys: hashable, equal for equal problems
+    h = recorded_profile("nvidia_h200")
+    assert hash(choose_decode_schedule(p, h, has_subgroup_shuffle=True)) == \
+        hash(choose_decode_schedule(p, h, has_subgroup_shuffle=True))
