@@ -228,7 +228,8 @@ class DecodeRequest:
         return (
             f"attention_decode B={self.b} Hq={self.hq} Hkv={self.hkv} Lq={self.lq} "
             f"Lk={self.lk}{' (live)' if self.live_len else ''} Dk={self.dk} Dv={self.dv} "
-            f"kv={self.kv_dtype} scale={self.scale:.6g}{cap} mask={m} splits={self.splits} rows/wg={self.rows_per_wg} "
+            f"kv={self.kv_dtype} scale={self.scale:.6g}{cap} mask={m} splits={self.splits} "
+            f"rows/wg={self.rows_per_wg} "
             f"lanes/key={self.lanes_per_key} wg={self.local_size} keys/iter={self.keys_per_iter} "
             f"load={self.load_elems} {'subgroup' if self.subgroup else 'shared'} "
             f"{'prefetch ' if self.prefetch else ''}"
