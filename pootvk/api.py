@@ -8,23 +8,38 @@ import numbers
 import numpy as np
 
 from .errors import BindError, InvalidArgument
-from .ir import check_attention
+from .ir import BF16, F16, F32, DType, check_attention
+from .ir.dtypes import is_float_array, storage_values
 from .ops import trace_attention
 from .plan import current_forced
 from .runtime import held_replay, resolve_device
 from .vk import Device, PhysicalDeviceInfo, physical_devices
 
 
-def _as_f32(name: str, x: object) -> np.ndarray:
+def _as_float(name: str, x: object) -> np.ndarray:
     try:
         a = np.asarray(x)
     except (ValueError, TypeError) as e:  # ragged nested lists, odd objects
         raise BindError(name, "an array", f"{type(x).__name__} ({e})", "value") from e
-    if not np.issubdtype(a.dtype, np.floating):
+    if not is_float_array(a):
         raise BindError(name, "a floating-point array", a.dtype.name, "dtype")
     if a.ndim != 4:
         raise BindError(name, "rank 4 [B, H, L, D]", a.shape, "shape")
-    return np.ascontiguousarray(a, dtype=np.float32)
+    return np.ascontiguousarray(a)
+
+
+def _as_f32(name: str, x: object) -> np.ndarray:
+    return storage_values(_as_float(name, x), F32)
+
+
+def _kv_dtype(k: np.ndarray, v: np.ndarray) -> DType:
+    """K/V storage: float16 and bfloat16 stay 16-bit on the device; other floats are F32."""
+    kinds = {np.dtype(np.float16): F16, "bfloat16": BF16}
+    dk = kinds.get(k.dtype, kinds.get(k.dtype.name, F32))
+    dv = kinds.get(v.dtype, kinds.get(v.dtype.name, F32))
+    if dk is not dv:
+        raise BindError("v", f"the dtype of k ({k.dtype.name})", v.dtype.name, "dtype")
+    return dk
 
 
 def _real(name: str, x: object) -> float | None:
@@ -50,10 +65,17 @@ def attention(
     q [B,Hq,Lq,Dk], k [B,Hkv,Lk,Dk], v [B,Hkv,Lk,Dv] (Hq a multiple of Hkv: GQA/MQA),
     mask additive [B|1, 1|Hq, Lq|1, Lk] (ALiBi is just a per-head mask), scale defaults to
     1/sqrt(Dk), softcap is cap * tanh(s / cap). Computes in F32 and returns F32 [B,Hq,Lq,Dv].
+
+    k and v given as float16 or ``ml_dtypes.bfloat16`` stay 16-bit on the device (half the
+    bytes read); a device without 16-bit storage refuses them with ``DtypeLowering``. q may be
+    any float dtype (it is small: it is converted to F32).
     """
     scale, softcap = _real("scale", scale), _real("softcap", softcap)
     dev = resolve_device(device)  # a bad device= is refused before any work
-    q, k, v = _as_f32("q", q), _as_f32("k", k), _as_f32("v", v)
+    q, k, v = _as_f32("q", q), _as_float("k", k), _as_float("v", v)
+    kv = _kv_dtype(k, v)
+    if kv is F32:
+        k, v = storage_values(k, F32), storage_values(v, F32)
     values = {"q": q, "k": k, "v": v}
     if mask is not None:
         values["mask"] = _as_f32("mask", mask)
@@ -63,8 +85,8 @@ def attention(
     )
     shapes = (q.shape, k.shape, v.shape, None if mask is None else values["mask"].shape)
     with held_replay(  # held: another thread's eviction cannot free it mid-step
-        ("attention", *shapes, scale, softcap, current_forced()),
-        lambda: trace_attention(*shapes, scale=scale, softcap=softcap),
+        ("attention", *shapes, scale, softcap, kv, current_forced()),
+        lambda: trace_attention(*shapes, scale=scale, softcap=softcap, kv_dtype=kv),
         dev,
     ) as rp:
         return rp.step(values)["out"]

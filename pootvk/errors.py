@@ -105,9 +105,10 @@ class UnsupportedPrimitive(CapabilityError):
 class DtypeLowering(CapabilityError):
     """A dtype has no lowering on this target (the generated kernels are F32/I32)."""
 
-    def __init__(self, prim: str, dtype: str) -> None:
-        self.prim, self.dtype = prim, dtype
-        super().__init__(f"{prim} at dtype {dtype} has no SPIR-V lowering here")
+    def __init__(self, prim: str, dtype: str, missing: str = "") -> None:
+        self.prim, self.dtype, self.missing = prim, dtype, missing
+        why = f": the device lacks {missing}" if missing else ""
+        super().__init__(f"{prim} at dtype {dtype} has no SPIR-V lowering here{why}")
 
 
 # --- shaders and Vulkan ---------------------------------------------------------------------

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 from ..errors import PootvkError
 from ..ir import (
+    BF16,
+    F16,
     F32,
     AttentionForm,
     Eqn,
@@ -36,6 +38,7 @@ from ..ir.prims import (
     ADD,
     ATTENTION,
     BROADCAST,
+    CONVERT,
     DIV,
     MATMUL,
     MUL,
@@ -147,7 +150,13 @@ def _match(ctx: _Ctx, mm: Eqn) -> tuple[Eqn, list[Eqn]] | None:
 
     k, n_rep = _unrepeat(ctx, tr.inputs[0])
     v, n_rep_v = _unrepeat(ctx, v_exp)
-    if n_rep != n_rep_v or any(x.dtype is not F32 for x in (q, k, v)):
+    # 16-bit K/V: Convert(k16 -> F32) feeding the chain folds into the form's storage dtype
+    kv_dtype = F32
+    ck, cv = _eq(ctx, k, CONVERT, dtype=F32), _eq(ctx, v, CONVERT, dtype=F32)
+    k16 = ck.inputs[0].dtype if ck else None
+    if ck and cv and k16 in (F16, BF16) and cv.inputs[0].dtype is k16:
+        k, v, kv_dtype = ck.inputs[0], cv.inputs[0], ck.inputs[0].dtype
+    if n_rep != n_rep_v or q.dtype is not F32 or any(x.dtype is not kv_dtype for x in (k, v)):
         return None
     if mask is not None and (mask.dtype is not F32 or mask.ndim != 4):
         return None
@@ -164,7 +173,7 @@ def _match(ctx: _Ctx, mm: Eqn) -> tuple[Eqn, list[Eqn]] | None:
     form = AttentionForm(
         scale=float(scale), softcap=softcap, n_rep=n_rep,
         mask=MaskKind.NONE if mask is None else MaskKind.ADDITIVE,
-        mask_bcast=None if mask is None else mask_bcast(mask.shape),
+        mask_bcast=None if mask is None else mask_bcast(mask.shape), kv_dtype=kv_dtype,
     )
     params = Params(form=form)
     ins = (q, k, v) if mask is None else (q, k, v, mask)

@@ -12,15 +12,20 @@ from collections.abc import Mapping
 import numpy as np
 
 from ..errors import BindError, SlotRangeError
+from .dtypes import BF16, is_float_array, storage_values
 from .graph import Graph, Slot
 
 
 def check_slot(slot: Slot, value: object) -> np.ndarray:
     arr = np.asarray(value)
-    want = slot.var.dtype.numpy
+    dt = slot.var.dtype
+    want = dt.numpy
     if arr.shape != slot.var.shape:
         raise BindError(slot.name, slot.var.shape, arr.shape, "shape")
-    if arr.dtype != want:
+    if dt.is_float and is_float_array(arr):
+        # any float (bfloat16 included) is rounded to the slot's storage type
+        arr = arr if arr.dtype == want and dt is not BF16 else storage_values(arr, dt)
+    elif arr.dtype != want:
         same_kind = any(
             np.issubdtype(arr.dtype, k) and np.issubdtype(want, k)
             for k in (np.floating, np.integer)

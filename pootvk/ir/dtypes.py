@@ -57,3 +57,45 @@ def from_numpy(dt: np.dtype) -> DType:
         if d is not DType.BF16 and np.dtype(n) == dt:
             return d
     raise TypeError(f"numpy dtype {dt} has no pootvk DType")
+
+
+def _bfloat16() -> np.dtype:
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def is_float_array(arr: np.ndarray) -> bool:
+    """A numpy floating array, or an ``ml_dtypes.bfloat16`` one (numpy kind 'V')."""
+    return np.issubdtype(arr.dtype, np.floating) or arr.dtype.name == "bfloat16"
+
+
+def storage_values(arr: np.ndarray, dtype: DType) -> np.ndarray:
+    """Values as a ``dtype`` slot holds them in the oracle: rounded to the storage type
+    (BF16 rounded to bfloat16, then held in float32, as ``DType.numpy`` says)."""
+    if dtype is DType.BF16:
+        return np.asarray(arr).astype(_bfloat16()).astype(np.float32)
+    return np.asarray(arr).astype(dtype.numpy)
+
+
+def device_bytes(arr: np.ndarray, dtype: DType) -> np.ndarray:
+    """The array as the device stores it: BOOL a 32-bit word, BF16 its 16 bits."""
+    if dtype is DType.BOOL:
+        return np.asarray(arr).astype(np.uint32)
+    if dtype is DType.BF16:
+        return np.asarray(arr, np.float32).astype(_bfloat16()).view(np.uint16)
+    return arr
+
+
+def device_numpy(dtype: DType) -> np.dtype:
+    """The numpy dtype of the device's raw elements (what a buffer read returns)."""
+    return np.dtype({DType.BOOL: np.uint32, DType.BF16: np.uint16}.get(dtype, _NUMPY[dtype]))
+
+
+def from_device(raw: np.ndarray, dtype: DType) -> np.ndarray:
+    """Raw device elements to the oracle's values of ``dtype``."""
+    if dtype is DType.BOOL:
+        return raw.astype(np.bool_)
+    if dtype is DType.BF16:
+        return (raw.astype(np.uint32) << 16).view(np.float32)
+    return raw

@@ -8,11 +8,15 @@ import threading
 import numpy as np
 
 from ..errors import BindError, CapacityExceeded, Closed, InvalidArgument
-from ..ir import Graph
+from ..ir import BF16, F16, F32, Graph
 from ..ops import trace_decode_step
 from ..plan import Plan
 from ..runtime import build_replay, resolve_device
 from ..vk import Device
+
+#: ``kv_dtype`` names: the KV cache (and the new rows written into it) stored at this width;
+#: attention reads 16-bit caches directly and computes in F32
+KV_DTYPES = {"float32": F32, "float16": F16, "bfloat16": BF16}
 
 
 def _dim(name: str, x: object) -> object:
@@ -50,17 +54,21 @@ class DecodeLoop:
         softcap: float | None = None,
         scale: float | None = None,
         timestamps: bool = False,
+        kv_dtype: str = "float32",
     ) -> None:
         batch, q_heads, kv_heads, head_dim, capacity, value_dim = (
             _dim(n, x) for n, x in (("batch", batch), ("q_heads", q_heads),
                                     ("kv_heads", kv_heads), ("head_dim", head_dim),
                                     ("capacity", capacity), ("value_dim", value_dim))
         )
+        if kv_dtype not in KV_DTYPES:
+            raise InvalidArgument("kv_dtype", f"one of {sorted(KV_DTYPES)}", kv_dtype)
+        self.kv_dtype = kv_dtype
         self.device = resolve_device(device)  # a bad device= fails before tracing
         self.shape = (batch, q_heads, kv_heads, head_dim, value_dim or head_dim, capacity)
         self.graph: Graph = trace_decode_step(
             batch, q_heads, kv_heads, head_dim, capacity,
-            value_dim=value_dim, softcap=softcap, scale=scale,
+            value_dim=value_dim, softcap=softcap, scale=scale, kv_dtype=KV_DTYPES[kv_dtype],
         )
         self._replay = build_replay(self.graph, self.device, timestamps=timestamps)
         self._lock = threading.RLock()

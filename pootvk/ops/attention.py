@@ -11,10 +11,18 @@ import math
 import numbers
 
 from ..errors import ShapeError
-from ..ir import F32, CompareOp, Graph, ReduceOp, Var, check_attention
+from ..ir import BF16, F16, F32, CompareOp, DType, Graph, ReduceOp, Var, check_attention
 from .builder import Builder
 
 NEG_INF = float("-inf")
+
+
+KV_DTYPES = (F32, F16, BF16)
+
+
+def _check_kv_dtype(kv_dtype: object) -> None:
+    if kv_dtype not in KV_DTYPES:
+        raise ShapeError(f"K/V storage dtype {kv_dtype!r} is not one of {list(KV_DTYPES)}")
 
 
 def repeat_kv(b: Builder, x: Var, n_rep: int) -> Var:
@@ -61,6 +69,12 @@ def attention_core(
         q.shape, k.shape, v.shape, None if mask is None else mask.shape, softcap=softcap
     )
     n_rep = q.shape[1] // k.shape[1]
+    # 16-bit K/V (storage) are converted to F32 for the math; the rewrite folds the
+    # conversion into the fused kernel, which reads them 16-bit
+    if k.dtype is not F32:
+        k = b.convert(k, F32)
+    if v.dtype is not F32:
+        v = b.convert(v, F32)
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
     k_exp = repeat_kv(b, k, n_rep)
     v_exp = repeat_kv(b, v, n_rep)
@@ -120,12 +134,15 @@ def trace_attention(
     mask_shape: tuple[int, ...] | None = None,
     scale: float | None = None,
     softcap: float | None = None,
+    kv_dtype: DType = F32,
 ) -> Graph:
-    """A graph of plain attention over bound q/k/v (and mask): what ``pootvk.attention`` runs."""
+    """A graph of plain attention over bound q/k/v (and mask): what ``pootvk.attention`` runs.
+    ``kv_dtype`` F16/BF16 stores K/V 16-bit (the math stays F32)."""
+    _check_kv_dtype(kv_dtype)
     b = Builder()
     q = b.input("q", q_shape, F32)
-    k = b.input("k", k_shape, F32)
-    v = b.input("v", v_shape, F32)
+    k = b.input("k", k_shape, kv_dtype)
+    v = b.input("v", v_shape, kv_dtype)
     m = b.input("mask", mask_shape, F32) if mask_shape is not None else None
     b.export("out", attention_core(b, q, k, v, m, scale, softcap))
     return b.build()
@@ -143,12 +160,15 @@ def trace_decode_step(
     softcap: float | None = None,
     alibi: bool = False,
     scale: float | None = None,
+    kv_dtype: DType = F32,
 ) -> Graph:
     """The graph of one fixed-capacity step (decode, or a prefill chunk of ``q_rows``).
 
     Slots: q, k_new, v_new (inputs), k_cache, v_cache (state), pos (pos, declared in
-    [0, capacity - q_rows]), and with ``alibi`` a per-head additive mask param.
+    [0, capacity - q_rows]), and with ``alibi`` a per-head additive mask param. With
+    ``kv_dtype`` F16/BF16 the caches and the new k/v rows are stored 16-bit.
     """
+    _check_kv_dtype(kv_dtype)
     dv = head_dim if value_dim is None else value_dim
     dims = {"batch": batch, "q_heads": q_heads, "kv_heads": kv_heads, "head_dim": head_dim,
             "value_dim": dv, "q_rows": q_rows, "capacity": capacity}
@@ -168,10 +188,10 @@ def trace_decode_step(
     dv = dims["value_dim"]
     b = Builder()
     q = b.input("q", (batch, q_heads, q_rows, head_dim))
-    k_new = b.input("k_new", (batch, kv_heads, q_rows, head_dim))
-    v_new = b.input("v_new", (batch, kv_heads, q_rows, dv))
-    kc = b.state("k_cache", (batch, kv_heads, capacity, head_dim))
-    vc = b.state("v_cache", (batch, kv_heads, capacity, dv))
+    k_new = b.input("k_new", (batch, kv_heads, q_rows, head_dim), kv_dtype)
+    v_new = b.input("v_new", (batch, kv_heads, q_rows, dv), kv_dtype)
+    kc = b.state("k_cache", (batch, kv_heads, capacity, head_dim), kv_dtype)
+    vc = b.state("v_cache", (batch, kv_heads, capacity, dv), kv_dtype)
     pos = b.pos("pos", 0, capacity - q_rows)
     mask = b.param("alibi", (1, q_heads, q_rows, capacity)) if alibi else None
     fn = attention_masked if q_rows == 1 else attention_prefill

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from ..errors import UnsupportedPrimitive
-from ..ir import CompareOp, Eqn, Graph, Literal, Params, ReduceOp, RuleTable, UnaryOp, Var
+from ..ir import F32, CompareOp, Eqn, Graph, Literal, Params, ReduceOp, RuleTable, UnaryOp, Var
 from ..ir import prims as P
 from ..ir.bind import check_bind
 
@@ -149,6 +149,8 @@ def _attention(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
     q, k, v, *rest = xs
     form = p["form"]
     n_rep = form.n_rep
+    if form.kv_dtype is not F32:  # the chain's Convert(k16 -> F32), as its rule computes it
+        k, v = _convert([k], Params(dtype=F32)), _convert([v], Params(dtype=F32))
 
     def rep(x: np.ndarray) -> np.ndarray:
         if n_rep == 1:

@@ -147,10 +147,11 @@ def _check_state_order(g: Graph) -> None:
 
 def plan_graph(g: Graph, profile: DeviceProfile) -> Plan:
     """Plan a compiled graph for ``profile``; every refusal is a typed error."""
+    has16 = bool(profile.extra.get("storage_buffer_16bit"))
     for e in g.eqns:
         for v in (*e.inputs, *e.outputs):
-            if v.dtype in (F16, BF16):
-                raise DtypeLowering(str(e.prim), v.dtype.value)
+            if v.dtype in (F16, BF16) and not has16:
+                raise DtypeLowering(str(e.prim), v.dtype.value, "storageBuffer16BitAccess")
         if e.prim not in plan_rules:
             plan_rules[e.prim]  # raises UnsupportedPrimitive naming it
     _check_state_order(g)

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..errors import UnsupportedPrimitive
-from ..ir import F32, U32, Eqn, Literal, Params, Prim, RuleTable, Var
+from ..errors import DtypeLowering, UnsupportedPrimitive
+from ..ir import BF16, F16, F32, U32, Eqn, Literal, Params, Prim, RuleTable, Var
 from ..ir import prims as P
 from .bindings import Scratch
 from .decode_schedule import DecodeCombineRequest, DecodeRequest
@@ -71,6 +71,20 @@ def prim_request(
     )
 
 
+#: Primitives whose kernels take 16-bit (F16/BF16) operands: pure data movement copies the
+#: 16-bit words, Convert converts through F32. Arithmetic on 16-bit values is not lowered.
+MOVES_16BIT = (P.RESHAPE, P.BROADCAST, P.TRANSPOSE, P.SLICE, P.CONCAT, P.COPY,
+               P.DYNAMIC_UPDATE_SLICE, P.CONVERT)
+
+
+def _check_16bit(e: Eqn) -> None:
+    if e.prim in MOVES_16BIT:
+        return
+    for v in (*e.inputs, *e.outputs):
+        if v.dtype in (F16, BF16):
+            raise DtypeLowering(str(e.prim), v.dtype.value, "a 16-bit arithmetic kernel")
+
+
 def _bound(req: PrimRequest, inputs: tuple[Var, ...]) -> tuple[Var, ...]:
     return tuple(inputs[j] for j in req.bound_inputs)
 
@@ -81,6 +95,7 @@ def _bound(req: PrimRequest, inputs: tuple[Var, ...]) -> tuple[Var, ...]:
 )
 def _elementwise(e: Eqn, ctx: PlanContext) -> RuleResult:
     """One invocation per output element."""
+    _check_16bit(e)
     req = prim_request(e.prim, e.inputs, e.out, e.params, e.out.size, ctx.profile)
     return RuleResult([KernelCall(req, (*_bound(req, e.inputs), e.out), str(e.prim))])
 

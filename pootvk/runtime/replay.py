@@ -22,15 +22,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import BindError, Closed, GuardFailed
-from ..ir import BOOL, DType, SlotKind
+from ..ir import DType, SlotKind
 from ..ir.bind import check_bind
+from ..ir.dtypes import device_bytes, device_numpy, from_device
 from ..plan import BufferRole, Location, Plan
 from ..vk import Buffer, BufferRange, Device, Dispatch, Recorder, Recording
-
-
-def _device_bytes(arr: np.ndarray) -> np.ndarray:
-    """Bool is a 32-bit word on the device; everything else is stored as it is."""
-    return arr.astype(np.uint32) if arr.dtype == np.bool_ else arr
 
 
 class _Resources:
@@ -94,7 +90,7 @@ class Replay:
                 if spec.role in (BufferRole.STATE, BufferRole.SCRATCH):  # start zeroed
                     self.buffers[spec.name].zero()
             for name, value in plan.graph.constants.items():  # folded constants, once
-                self._slot_buffer(name).write(0, _device_bytes(value))
+                self._write_slot(name, value)
             dispatches = []
             for k, spv in zip(plan.kernels, spirv, strict=True):
                 push = k.request.push_constants()
@@ -148,7 +144,7 @@ class Replay:
         with self._lock:
             self._require_open()
             for name, arr in checked.items():
-                self._slot_buffer(name).write(0, _device_bytes(arr))
+                self._write_slot(name, arr)
 
     def set_state(self, name: str, value: object) -> None:
         s = self.plan.graph.slot(name)
@@ -157,7 +153,12 @@ class Replay:
         arr = check_bind(self.plan.graph, {name: value}, only={name})[name]
         with self._lock:
             self._require_open()
-            self._slot_buffer(name).write(0, _device_bytes(arr))
+            self._write_slot(name, arr)
+
+    def _write_slot(self, name: str, arr: np.ndarray) -> None:
+        """A checked slot value into its buffer, as the device stores it (Bool a 32-bit
+        word, BF16 its 16 bits)."""
+        self._slot_buffer(name).write(0, device_bytes(arr, self.plan.graph.slot(name).var.dtype))
 
     def read_state(self, name: str) -> np.ndarray:
         s = self.plan.graph.slot(name)
@@ -166,9 +167,8 @@ class Replay:
             return self._read(self.plan.locations[s.var], s.var.shape, s.var.dtype)
 
     def _read(self, loc: Location, shape: tuple[int, ...], dtype: DType) -> np.ndarray:
-        dev_dt = np.uint32 if dtype is BOOL else dtype.numpy
-        arr = self.buffers[loc.buffer].read_array(loc.offset, shape, dev_dt)
-        return arr.astype(np.bool_) if dtype is BOOL else arr
+        raw = self.buffers[loc.buffer].read_array(loc.offset, shape, device_numpy(dtype))
+        return from_device(raw, dtype)
 
     # --- one step --------------------------------------------------------------------------
     def step(self, values: Mapping[str, object]) -> dict[str, np.ndarray]:
@@ -180,7 +180,7 @@ class Replay:
         with self._lock:  # bind + submit + read: one caller at a time
             self._require_open()
             for name, arr in checked.items():
-                self._slot_buffer(name).write(0, _device_bytes(arr))
+                self._write_slot(name, arr)
             rec = self._res.recording
             assert rec is not None
             rec.submit(wait=True)

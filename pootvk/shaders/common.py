@@ -11,7 +11,11 @@ from ..plan.bindings import Access, Binding
 
 GLSL_TYPE = {
     DType.F32: "float", DType.I32: "int", DType.U32: "uint", DType.BOOL: "uint",
+    # 16-bit values are stored as raw 16-bit words (GL_EXT_shader_16bit_storage): kernels
+    # copy them as they are or convert through F32 (shaders.prims: Convert)
+    DType.F16: "uint16_t", DType.BF16: "uint16_t",
 }
+STORAGE_16BIT = "#extension GL_EXT_shader_16bit_storage : require\n"
 
 
 def glsl_type(dt: DType) -> str:
@@ -38,8 +42,9 @@ def literal(value: float | int | bool, dt: DType) -> str:
     return f"int({int(value)})"
 
 
-def header(local_size: int) -> str:
-    return f"#version 450\nlayout(local_size_x = {local_size}) in;\n"
+def header(local_size: int, storage16: bool = False) -> str:
+    ext = STORAGE_16BIT if storage16 else ""
+    return f"#version 450\n{ext}layout(local_size_x = {local_size}) in;\n"
 
 
 def buffer_block(binding: int, name: str, elem: str, *, readonly: bool) -> str:

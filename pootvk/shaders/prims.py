@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..errors import UnsupportedPrimitive
-from ..ir import BOOL, F32, U32, CompareOp, DType, Prim, ReduceOp, RuleTable, UnaryOp
+from ..ir import BF16, BOOL, F16, F32, U32, CompareOp, DType, Prim, ReduceOp, RuleTable, UnaryOp
 from ..ir import prims as P
 from ..plan.requests import LiteralOperand, PrimRequest
 from .common import declare_bindings, glsl_type, group_id, header, literal, strides
@@ -124,10 +124,36 @@ def _select(req: PrimRequest, n: list[str]) -> str:
     return f"    y[gid] = ({p} != 0u) ? {a} : {b};"
 
 
+def _to_f32(x: str, src: DType) -> str:
+    """A 16-bit word (raw) as the F32 value it stores."""
+    if src is F16:
+        return f"unpackHalf2x16(uint({x})).x"
+    return f"uintBitsToFloat(uint({x}) << 16)"  # BF16: the top half of an F32
+
+
+def _from_f32(x: str, dst: DType) -> str:
+    """An F32 value as the 16-bit word of ``dst`` (round to nearest even, NaN stays NaN)."""
+    if dst is F16:
+        return f"uint16_t(packHalf2x16(vec2({x}, 0.0)) & 0xffffu)"
+    return (f"uint16_t(bf16_bits({x}))")
+
+
+BF16_ROUND = """uint bf16_bits(float f) {
+    uint b = floatBitsToUint(f);
+    if (isnan(f)) return (b >> 16) | 0x40u;  // a quiet NaN stays NaN
+    return (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;  // round to nearest even
+}
+"""
+
+
 @rule(P.CONVERT)
 def _convert(req: PrimRequest, n: list[str]) -> str:
     src, dst = _dtype(req, 0), req.output[1]
     x = _operand(req, n, 0, "gid")
+    if src in (F16, BF16):  # through F32
+        x, src = _to_f32(x, src), F32
+    if dst in (F16, BF16):
+        return f"    y[gid] = {_from_f32(f'float({x})', dst)};"
     if dst is BOOL:
         return f"    y[gid] = ({x} != {glsl_type(src)}(0)) ? 1u : 0u;"
     return f"    y[gid] = {glsl_type(dst)}({x});"
@@ -257,9 +283,12 @@ def generate_prim(req: PrimRequest) -> str:
         names[j] = b.name
     index_shape = req.inputs[1][0] if req.prim is P.DYNAMIC_UPDATE_SLICE else req.output[0]
     body = glsl_rules[req.prim](req, names)
+    storage16 = any(b.dtype in (F16, BF16) for b in binds)
+    helpers = BF16_ROUND if req.prim is P.CONVERT and req.output[1] is BF16 else ""
     return (
-        header(req.local_size)
+        header(req.local_size, storage16)
         + declare_bindings(binds)
+        + helpers
         + "void main() {\n"
         + f"    uint gid = {group_id(req.grid[0])} * {req.local_size}u"
         + " + gl_LocalInvocationID.x;\n"
