@@ -1,4 +1,4 @@
-"""The ``pootvk`` console command: ``devices``, ``demo``, ``bench``."""
+"""The ``pootvk`` console command: ``devices``, ``demo``, ``bench``, ``plan``."""
 
 from __future__ import annotations
 
@@ -108,6 +108,59 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def kernel_summary(req: object) -> str:
+    """One line for a planned kernel: its schedule, launch shape and split count."""
+    from .plan import AttentionRequest, DecodeCombineRequest, DecodeRequest, PrimRequest
+
+    if isinstance(req, DecodeRequest):
+        extra = ", fused combine" if req.splits > 1 and req.fused_combine else ""
+        return (f"grouped split-KV: {req.workgroups} workgroups x {req.local_size} lanes "
+                f"({req.lanes_per_key} lanes/key, {req.rows_per_wg} rows each, "
+                f"{'subgroup' if req.subgroup else 'shared-memory'} reduction), "
+                f"splits={req.splits}{extra}, K/V {req.kv_dtype}")
+    if isinstance(req, DecodeCombineRequest):
+        p = req.partial
+        return f"split combine: {p.combine_threads} invocations, splits={p.splits}"
+    if isinstance(req, AttentionRequest):
+        return (f"streaming: {req.workgroups} workgroups x {req.lanes} lanes, splits=1, "
+                f"{req.keys_per_step} keys/step")
+    if isinstance(req, PrimRequest):
+        return f"{req.prim}: {req.threads} invocations"
+    return repr(req)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    """The plan a user would get for one attention shape: no device needed."""
+    from .compile import compile_graph
+    from .ir import BF16, F16, F32
+    from .ops import trace_attention
+    from .plan import BufferRole, plan_graph, recorded_profile, recorded_profiles
+
+    if args.profile not in recorded_profiles():
+        print(f"pootvk plan: error: no recorded profile {args.profile!r}; known: "
+              f"{sorted(recorded_profiles())}", file=sys.stderr)
+        return 2
+    prof = recorded_profile(args.profile)
+    b, hq, hkv, lk, d = args.shape
+    kv = {"float32": F32, "float16": F16, "bfloat16": BF16}[args.kv_dtype]
+    g = trace_attention((b, hq, args.lq, d), (b, hkv, lk, d), (b, hkv, lk, d), kv_dtype=kv)
+    plan = plan_graph(compile_graph(g), prof)
+    print(f"plan for {prof.name} (recorded profile {args.profile}, "
+          f"{prof.compute_units or '?'} compute units): attention B={b} Hq={hq} Hkv={hkv} "
+          f"Lq={args.lq} Lk={lk} D={d} K/V {args.kv_dtype}")
+    for i, k in enumerate(plan.kernels):
+        print(f"  k{i} {k.label}: {kernel_summary(k.request)}")
+    scratch = [p.item for p in plan.arena.placements.values() if p.item.scratch]
+    persistent = [b for b in plan.buffers.values() if b.role is BufferRole.SCRATCH]
+    print(f"  scratch: {sum(i.nbytes for i in scratch)} B in the arena (split partials), "
+          f"{sum(b.nbytes for b in persistent)} B persistent (combine counters)")
+    print(f"  arena: {len(plan.arena.sizes)} buffer(s), peak {plan.arena.peak_bytes} B; "
+          f"K/V read: {plan.buffers['in:k'].nbytes + plan.buffers['in:v'].nbytes} B")
+    if args.verbose:
+        print(plan)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = _Parser(prog="pootvk", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -126,9 +179,18 @@ def main(argv: list[str] | None = None) -> int:
                        help="B,Hq,Hkv,Lk,D (repeatable)")
     for p in (demo, bench, sub.choices["devices"]):
         p.add_argument("--device", default=None, help="index or name substring")
+    plan = sub.add_parser("plan", help="print the plan for an attention shape (no device)")
+    plan.add_argument("--profile", default="nvidia_h200",
+                      help="a recorded profile: amd_rdna3_radv, intel_arc_anv, lavapipe, "
+                      "mobile_16k, nvidia_h200")
+    plan.add_argument("--shape", type=bench_shape, required=True, help="B,Hq,Hkv,Lk,D")
+    plan.add_argument("--kv-dtype", choices=("float32", "float16", "bfloat16"),
+                      default="float32")
+    plan.add_argument("--lq", type=positive_int, default=1, help="query rows")
+    plan.add_argument("--verbose", action="store_true", help="also print the whole plan")
     args = ap.parse_args(argv)
     try:
-        return {"devices": _devices, "demo": _demo, "bench": _bench}[args.cmd](args)
+        return {"devices": _devices, "demo": _demo, "bench": _bench, "plan": _plan}[args.cmd](args)
     except PootvkError as e:
         print(f"pootvk: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
