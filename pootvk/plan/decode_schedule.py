@@ -417,7 +417,7 @@ def choose_decode_schedule(
     # Fit the workgroup memory: halve the workgroup, then the keys per step.
     while decode_shared_bytes(local, lanes, kpi, rows, p.dv, subgroup) > \
             profile.max_workgroup_memory:
-        if local > max(lanes, sub if subgroup else 1, 32):
+        if local > max(lanes, sub if subgroup else 1):
             local //= 2
         elif kpi > 1:
             kpi //= 2

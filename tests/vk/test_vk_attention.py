@@ -2,13 +2,14 @@
 
 import contextlib
 
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pootvk
-from pootvk.errors import BindError, ShapeError
+from pootvk.errors import BindError, DtypeLowering, ShapeError
 from pootvk.plan import forced_schedule
 from tests.helpers import assert_close, reference_attention
 
@@ -35,13 +36,14 @@ SCHEDULES = {
 @settings(max_examples=45, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     b=st.integers(1, 3), n_rep=st.sampled_from([1, 4, 8, 12]), hkv=st.integers(1, 2),
-    lq=st.sampled_from([1, 3, 7]), lk=st.sampled_from([1, 113, 128, 129, 1000]),
+    lq=st.sampled_from([1, 3, 7]), lk=st.sampled_from([1, 113, 128, 129, 1000, 4096]),
     dk=st.sampled_from([40, 64, 72, 128, 256]), dv=st.sampled_from([40, 64, 72, 128, 256]),
     mask=st.sampled_from([None, "shared", "alibi"]), softcap=st.sampled_from([None, 8.0]),
-    schedule=st.sampled_from(sorted(SCHEDULES)), seed=st.integers(0, 2**16),
+    schedule=st.sampled_from(sorted(SCHEDULES)), kv=st.sampled_from(["f32", "f16", "bf16"]),
+    seed=st.integers(0, 2**16),
 )
 def test_attention_matches_the_reference(device, b, n_rep, hkv, lq, lk, dk, dv, mask, softcap,
-                                         schedule, seed):
+                                         schedule, kv, seed):
     rng = np.random.default_rng(seed)
     hq = hkv * n_rep
     q = rng.standard_normal((b, hq, lq, dk), dtype=np.float32)
@@ -55,9 +57,17 @@ def test_attention_matches_the_reference(device, b, n_rep, hkv, lq, lk, dk, dv, 
         slopes = 2.0 ** (-8.0 * np.arange(1, hq + 1) / hq)
         m = (slopes[:, None, None] * (np.arange(lk) - lk + 1)[None, None, :])
         m = np.broadcast_to(m[None], (1, hq, lq, lk)).astype(np.float32)
+    if kv != "f32":  # stored 16-bit; the reference computes on the rounded values
+        dt = np.float16 if kv == "f16" else ml_dtypes.bfloat16
+        k, v = k.astype(dt), v.astype(dt)
+    ref = reference_attention(q, k.astype(np.float32), v.astype(np.float32), m, softcap=softcap)
     with forced_schedule(**SCHEDULES[schedule]):
+        if kv != "f32" and schedule == "streaming":
+            with pytest.raises(DtypeLowering):  # the streaming kernel is F32 only
+                pootvk.attention(q, k, v, mask=m, softcap=softcap, device=device)
+            return
         got = pootvk.attention(q, k, v, mask=m, softcap=softcap, device=device)
-    check(got, reference_attention(q, k, v, m, softcap=softcap))
+    check(got, ref)
 
 
 @pytest.mark.parametrize(
