@@ -548,7 +548,7 @@ def peer_fa_path() -> Path | None:
     return None
 
 
-def run_peer_fa(peer: Path, coopmat2: bool, timeout_s: float = 300) -> tuple[str, dict]:
+def run_peer_fa(peer: Path, coopmat2: bool, timeout_s: float = 180) -> tuple[str, dict]:
     env = dict(os.environ)
     if not coopmat2:
         env["GGML_VK_DISABLE_COOPMAT2"] = "1"
