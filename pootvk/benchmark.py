@@ -1,53 +1,74 @@
-"""Decode-attention benchmark: GB/s of K/V read, as a fraction of the device's own ceiling.
+"""Decode-attention benchmark: K/V bytes read per second as a fraction of the device's ceiling.
 
-Everything is measured in one run on one device: the streaming-read ceiling (a plain read
-kernel over a buffer of random words larger than any cache), the attention kernel's GPU time from
-timestamps (K/V bytes / time), the whole step's wall time from Python, and the numpy
-oracle's time on the same shapes. Only ratios leave this module's report.
+Everything is measured in one run on one device (issue 7 items 5 and 7):
+
+- the streaming-read ceiling (:func:`read_ceiling`: a plain read kernel over random words);
+- pootvk: for each shape and K/V dtype, ``pootvk.attention`` (the public path) runs once and
+  its output is checked against a float64 numpy reference; the plan it made is then replayed
+  (its recorded kernels, K/V resident on the device) with timestamps: attention GPU time,
+  K/V GB/s, fraction of the ceiling, the wall time of one submit+wait, and the schedule and
+  split count the planner chose. A dtype the public path refuses is reported ``n/a``;
+- host overhead of a replayed decode step (``Replay.step`` of a traced decode step, K/V in
+  state) against the bare submit+wait of an empty recorded command buffer, with a profile;
+- torch ``scaled_dot_product_attention`` (CUDA graph, CUDA events) where torch sees CUDA;
+- llama.cpp's Vulkan flash attention (``.gpu/peer-fa perf``, both of its paths) where present.
+
+Method: every shape runs back to back for ``warm_s`` seconds before it is timed (a GPU idles
+at a low clock and needs load to clock up), the median of ``reps`` replays is reported, the
+SM clock is logged through NVML where ``pynvml`` imports. Tables never show a time without a
+ratio beside it. The GPU-only series each sit in their own try/except: one failure prints one
+line and loses nothing else.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import re
 import statistics
+import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from .ir import AttentionForm, Params
-from .ir.prims import ATTENTION
-from .ops import trace_decode_step
-from .oracle import eval_rules, evaluate
-from .runtime import build_replay
+from .errors import PootvkError
 from .shaders.compiler import compile_glsl
 from .shaders.readbw import READ_WG, generate_read
 from .vk import BufferRange, Device, Dispatch, Recorder
+
+Shape = tuple[int, int, int, int, int]  # B, Hq, Hkv, Lk, D
+
+#: issue 7's shapes (B, Hq, Hkv, Lk, D), Lq = 1. llama.cpp's perf list has the first six.
+GPU_SHAPES: list[Shape] = [(1, 32, 8, 4096, 128), (1, 32, 8, 32768, 128),
+                           (1, 32, 8, 131072, 128), (8, 32, 8, 8192, 128),
+                           (1, 32, 32, 32768, 128), (32, 32, 8, 2048, 128),
+                           (1, 8, 1, 65536, 128)]
+#: A CPU device (lavapipe): shapes its 128 MiB binding range and ~3 GB/s allow.
+CPU_SHAPES: list[Shape] = [(1, 8, 8, 1024, 64), (1, 32, 8, 2048, 128), (4, 32, 8, 1024, 128),
+                           (1, 8, 1, 8192, 64)]
+#: ``--quick`` (CI on lavapipe, seconds).
+QUICK_SHAPES: list[Shape] = [(1, 4, 2, 256, 32), (2, 8, 2, 512, 64)]
+DTYPES = ("float32", "float16")
+DTYPE_ALIASES = {"float32": "float32", "f32": "float32", "float16": "float16", "f16": "float16"}
+#: K + V bytes at or under this are said to fit the H200's 60 MB L2 (repeated replays of
+#: such a shape read the cache, not DRAM, so its GB/s may pass the read ceiling).
+L2_FIT_BYTES = 50_000_000
+TOL = 5e-4  # normalised squared error, DESIGN.md "Tests and tolerance"
+HOST_OVERHEAD_GOAL = 1.5  # issue 7 item 5: step wall - GPU <= 1.5x the empty-submit floor
+
+
+# --- the read ceiling ----------------------------------------------------------------------------
 
 
 @dataclass
 class ReadCeiling:
     nbytes: int
     gbps: float
-
-
-@dataclass
-class DecodeResult:
-    shape: tuple[int, int, int, int, int]  # B, Hq, Hkv, Lk, D
-    kv_bytes: int
-    attn_gbps: float
-    ceiling_frac: float
-    attn_us: float
-    step_gpu_us: float
-    step_wall_us: float
-    numpy_us: float
-    max_err: float
-    nse: float
-
-    @property
-    def vs_numpy(self) -> float:
-        return self.numpy_us / self.step_wall_us
 
 
 def read_ceiling(device: Device, nbytes: int | None = None, reps: int = 10) -> ReadCeiling:
@@ -99,85 +120,719 @@ def _time_read(device: Device, src, nbytes: int, threads: int, unroll: int, reps
     return best
 
 
-def bench_decode(
-    device: Device,
-    shape: tuple[int, int, int, int, int],
-    ceiling: ReadCeiling,
-    reps: int = 20,
-) -> DecodeResult:
-    """One decode step at (B, Hq, Hkv, Lk, D) with a full cache (position Lk - 1)."""
+# --- helpers -------------------------------------------------------------------------------------
+
+
+def kv_bytes(shape: Shape, dtype: str) -> int:
+    b, _hq, hkv, lk, d = shape
+    return b * hkv * lk * 2 * d * np.dtype(dtype).itemsize
+
+
+def fits_l2(shape: Shape, dtype: str) -> bool:
+    return kv_bytes(shape, dtype) <= L2_FIT_BYTES
+
+
+def shape_text(shape: Shape) -> str:
+    return ",".join(map(str, shape))
+
+
+def reference(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """softmax(q k^T / sqrt(D)) v in float64 on the given (storage-rounded) inputs; GQA:
+    query head h reads KV head h // (Hq / Hkv)."""
+    b, hq, lq, d = q.shape
+    hkv = k.shape[1]
+    q64 = q.astype(np.float64).reshape(b, hkv, (hq // hkv) * lq, d)
+    s = q64 @ k.astype(np.float64).transpose(0, 1, 3, 2) / math.sqrt(d)
+    s -= s.max(-1, keepdims=True)
+    p = np.exp(s)
+    p /= p.sum(-1, keepdims=True)
+    return (p @ v.astype(np.float64)).reshape(b, hq, lq, v.shape[-1])
+
+
+def nse(got: np.ndarray, ref: np.ndarray) -> float:
+    got = np.asarray(got, np.float64)
+    if got.shape != ref.shape or not np.all(np.isfinite(got)):
+        return math.inf
+    return float(((got - ref) ** 2).sum() / max((ref**2).sum(), 1e-300))
+
+
+def make_inputs(shape: Shape, dtype: str, seed: int = 0):
+    """q [B,Hq,1,D], k/v [B,Hkv,Lk,D] in ``dtype`` (random normal; never zeros)."""
     b, hq, hkv, lk, d = shape
-    g = trace_decode_step(b, hq, hkv, d, lk)
-    rng = np.random.default_rng(0)
-    rp = build_replay(g, device, timestamps=True)
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((b, hq, 1, d), dtype=np.float32).astype(dtype)
+    k = rng.standard_normal((b, hkv, lk, d), dtype=np.float32).astype(dtype)
+    v = rng.standard_normal((b, hkv, lk, d), dtype=np.float32).astype(dtype)
+    return q, k, v
+
+
+class SmClock:
+    """The SM clock through NVML where ``pynvml`` (nvidia-ml-py) imports; else ``note``
+    says why not."""
+
+    def __init__(self, device_name: str) -> None:
+        self.h: Any = None
+        self.max_mhz: int | None = None
+        self.note = ""
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            n = pynvml.nvmlDeviceGetCount()
+            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
+            names = [pynvml.nvmlDeviceGetName(h) for h in handles]
+            names = [x.decode() if isinstance(x, bytes) else str(x) for x in names]
+            match = [h for h, nm in zip(handles, names, strict=True)
+                     if nm in device_name or device_name in nm]
+            if not handles:
+                raise RuntimeError("NVML sees no device")
+            self.h = (match or handles)[0]
+            self._pynvml = pynvml
+            self.max_mhz = int(pynvml.nvmlDeviceGetMaxClockInfo(self.h, pynvml.NVML_CLOCK_SM))
+        except Exception as e:  # any failure only loses the clock log
+            self.h = None
+            self.note = f"SM clock not logged: {type(e).__name__}: {e}".splitlines()[0]
+
+    def sm_mhz(self) -> int | None:
+        if self.h is None:
+            return None
+        try:
+            return int(self._pynvml.nvmlDeviceGetClockInfo(self.h, self._pynvml.NVML_CLOCK_SM))
+        except Exception:
+            return None
+
+    def check(self, what: str, out) -> int | None:
+        """Read the clock; warn (one line) when it is under 95% of the device maximum."""
+        mhz, out = self.sm_mhz(), out or sys.stdout
+        if mhz is not None and self.max_mhz and mhz < 0.95 * self.max_mhz:
+            print(f"WARNING: SM clock {mhz} MHz of {self.max_mhz} MHz "
+                  f"({mhz / self.max_mhz:.0%}) while timing {what}", file=out, flush=True)
+        return mhz
+
+
+def _warm(fn, seconds: float) -> int:
+    """Run ``fn`` back to back for at least ``seconds`` (at least once); return the count."""
+    n, end = 0, time.perf_counter() + seconds
+    while True:
+        fn()
+        n += 1
+        if time.perf_counter() >= end:
+            return n
+
+
+# --- results -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    """One (series, shape, dtype) measurement; ``note`` says why a row has no numbers."""
+
+    series: str  # "pootvk" | "torch" | "llama.cpp"
+    shape: Shape
+    dtype: str
+    kv_bytes: int
+    fits_l2: bool
+    us: float | None = None  # attention time (median)
+    gbps: float | None = None
+    ceiling_frac: float | None = None
+    wall_us: float | None = None  # pootvk: one submit+wait of the plan's kernels
+    gpu_us: float | None = None  # pootvk: all the plan's kernels (first to last timestamp)
+    schedule: str | None = None
+    splits: int | None = None
+    kernels: list[str] = field(default_factory=list)
+    nse: float | None = None
+    check_ok: bool | None = None
+    sm_mhz: int | None = None
+    path: str | None = None  # llama.cpp: which path was faster
+    other_path_us: float | None = None
+    reps: int = 0
+    note: str = ""
+
+    def done(self) -> bool:
+        return self.us is not None
+
+
+def _fill(row: Row, us: float, ceiling: ReadCeiling) -> None:
+    row.us = us
+    row.gbps = row.kv_bytes / (us * 1e3)
+    row.ceiling_frac = row.gbps / ceiling.gbps
+
+
+# --- pootvk --------------------------------------------------------------------------------------
+
+
+def _public_replay(device: Device):
+    """The Replay ``pootvk.attention`` just ran on ``device``: the most recently used entry of
+    the runtime's replay cache (a hit or a new entry is moved to its end)."""
+    from . import runtime
+
+    with runtime._lock:
+        for (dev_id, _key), rp in reversed(runtime._replays.items()):
+            if dev_id == id(device) and not rp.closed:
+                return rp
+    return None
+
+
+def _schedule_of(request: Any) -> tuple[str, int | None]:
+    from .plan import AttentionRequest, DecodeCombineRequest, DecodeRequest
+
+    text = request.describe()
+    m = re.search(r"splits=(\d+)", text)
+    splits = int(m.group(1)) if m else (1 if isinstance(request, AttentionRequest) else None)
+    if isinstance(request, DecodeRequest):
+        return "grouped", splits
+    if isinstance(request, DecodeCombineRequest):
+        return "combine", splits
+    if isinstance(request, AttentionRequest):
+        return "streaming", splits
+    return text.split()[0] if text else type(request).__name__, splits
+
+
+def bench_pootvk(device: Device, shape: Shape, dtype: str, ceiling: ReadCeiling, *,
+                 warm_s: float, reps: int, clock: SmClock, out=None) -> Row:
+    """``pootvk.attention`` once (checked against float64), then its plan's kernels replayed."""
+    import pootvk
+
+    from .plan import AttentionRequest, DecodeCombineRequest, DecodeRequest
+
+    row = Row("pootvk", shape, dtype, kv_bytes(shape, dtype), fits_l2(shape, dtype))
+    q, k, v = make_inputs(shape, dtype)
     try:
-        kc = rng.random((b, hkv, lk, d), dtype=np.float32) - 0.5
-        vc = rng.random((b, hkv, lk, d), dtype=np.float32) - 0.5
-        rp.set_state("k_cache", kc)
-        rp.set_state("v_cache", vc)
+        got = pootvk.attention(q, k, v, device=device)
+    except PootvkError as e:
+        row.note = f"n/a (refused: {type(e).__name__}: {e})".splitlines()[0]
+        return row
+    row.nse = nse(got, reference(q, k, v))
+    row.check_ok = row.nse <= TOL
+    rp = _public_replay(device)
+    if rp is None:
+        row.note = "n/a (the public path's replay was not found in the runtime cache)"
+        return row
+    g = rp.plan.graph
+    kv_dt = g.slot("k").var.dtype.value if any(s.name == "k" for s in g.slots) else None
+    want = {"float32": "f32", "float16": "f16"}[dtype]
+    if kv_dt != want:
+        row.note = (f"n/a (pootvk.attention ran {dtype} K/V as {kv_dt}: no {dtype} K/V "
+                    "plan through the public path yet)")
+        return row
+    attn_idx = [i for i, kn in enumerate(rp.plan.kernels)
+                if isinstance(kn.request, AttentionRequest | DecodeRequest | DecodeCombineRequest)]
+    row.kernels = [rp.plan.kernels[i].request.describe() for i in attn_idx]
+    main = [rp.plan.kernels[i].request for i in attn_idx
+            if not isinstance(rp.plan.kernels[i].request, DecodeCombineRequest)]
+    if main:
+        row.schedule, row.splits = _schedule_of(main[0])
+    # The public call left K/V in the plan's device buffers; a recording of the same
+    # dispatches without the per-step uploads times the kernels over resident K/V.
+    rec = Recorder(device).record(list(rp.recording.dispatches), timestamps=True)
+    try:
+        _warm(lambda: rec.submit(wait=True), warm_s)
+        row.sm_mhz = clock.check(f"pootvk {shape_text(shape)} {dtype}", out)
+        attn, gpu, wall = [], [], []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            rec.submit(wait=True)
+            wall.append(time.perf_counter() - t0)
+            times = rec.dispatch_times_ns()
+            if times is None:
+                row.note = "n/a (the device has no timestamps)"
+                return row
+            attn.append(sum(times[i] for i in attn_idx))
+            gpu.append(rec.gpu_time_ns())
+        row.reps = reps
+    finally:
+        rec.destroy()
+        rp.close()  # frees its K/V now; the cache rebuilds a closed entry if asked again
+    _fill(row, statistics.median(attn) / 1e3, ceiling)
+    row.gpu_us = statistics.median(gpu) / 1e3
+    row.wall_us = statistics.median(wall) * 1e6
+    return row
+
+
+# --- host overhead (item 5) ----------------------------------------------------------------------
+
+
+@dataclass
+class HostOverhead:
+    shape: Shape
+    reps: int
+    empty_submit_us: float  # submit + fence wait of an empty recorded command buffer
+    step_wall_us: float  # Replay.step of a decode step
+    step_gpu_us: float  # the same step's first-to-last timestamp
+    submit_wall_us: float  # submit + wait of the same recording, no Replay.step glue
+    profile: list[tuple[str, float]] = field(default_factory=list)  # (function, own us/step)
+    phases: dict[str, float] = field(default_factory=dict)  # phase -> cumulative us/step
+
+    @property
+    def host_us(self) -> float:
+        return self.step_wall_us - self.step_gpu_us
+
+    @property
+    def ratio(self) -> float:
+        return self.host_us / self.empty_submit_us
+
+
+def empty_submit_us(device: Device, reps: int) -> float:
+    """Median wall time of submit + fence wait of a recorded command buffer with no dispatch."""
+    rec = Recorder(device).record([])
+    try:
+        _warm(lambda: rec.submit(wait=True), 0.05)
+        walls = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            rec.submit(wait=True)
+            walls.append(time.perf_counter() - t0)
+    finally:
+        rec.destroy()
+    return statistics.median(walls) * 1e6
+
+
+def host_overhead(device: Device, shape: Shape, *, warm_s: float, reps: int) -> HostOverhead:
+    """A decode step (K/V caches in state, full at position Lk - 1) through ``Replay.step``:
+    step wall - GPU time against the empty-submit floor, and where the step's host time goes."""
+    import cProfile
+    import pstats
+
+    from .ops import trace_decode_step
+    from .runtime import build_replay
+
+    b, hq, hkv, lk, d = shape
+    rng = np.random.default_rng(1)
+    rp = build_replay(trace_decode_step(b, hq, hkv, d, lk), device, timestamps=True)
+    try:
+        for name in ("k_cache", "v_cache"):
+            rp.set_state(name, rng.standard_normal((b, hkv, lk, d), dtype=np.float32))
         values = {
             "q": rng.standard_normal((b, hq, 1, d), dtype=np.float32),
             "k_new": rng.standard_normal((b, hkv, 1, d), dtype=np.float32),
             "v_new": rng.standard_normal((b, hkv, 1, d), dtype=np.float32),
             "pos": np.int32(lk - 1),
         }
-        out = rp.step(values)["out"]
-        attn, gpu, wall = [], [], []
+        floor = empty_submit_us(device, reps)
+        _warm(lambda: rp.step(values), warm_s)
+        wall, gpu, sub = [], [], []
         for _ in range(reps):
             t0 = time.perf_counter()
             rp.step(values)
             wall.append(time.perf_counter() - t0)
-            times = rp.recording.dispatch_times_ns()
-            attn.append(times[-1])
-            gpu.append(rp.gpu_time_ns())
-        ref = evaluate(g, {**values, "k_cache": kc, "v_cache": vc})["out"]
-        # numpy's time for the same attention (the fused op's oracle on the written caches)
-        kc2, vc2 = kc.copy(), vc.copy()
-        kc2[:, :, lk - 1] = values["k_new"][:, :, 0]
-        vc2[:, :, lk - 1] = values["v_new"][:, :, 0]
-        form = AttentionForm(scale=1 / math.sqrt(d), n_rep=hq // hkv)
-        t0 = time.perf_counter()
-        eval_rules[ATTENTION]([values["q"], kc2, vc2], Params(form=form))
-        numpy_s = time.perf_counter() - t0
+            gpu.append(rp.gpu_time_ns() or 0.0)
+        rec = rp.recording
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            rec.submit(wait=True)
+            sub.append(time.perf_counter() - t0)
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(reps):
+            rp.step(values)
+        prof.disable()
     finally:
         rp.close()
-    kv_bytes = b * hkv * lk * d * 4 * 2
-    attn_ns = statistics.median(attn)
-    gbps = kv_bytes / attn_ns
-    err = np.abs(out - ref)
-    return DecodeResult(
-        shape=shape, kv_bytes=kv_bytes, attn_gbps=gbps, ceiling_frac=gbps / ceiling.gbps,
-        attn_us=attn_ns / 1e3, step_gpu_us=statistics.median(gpu) / 1e3,
-        step_wall_us=statistics.median(wall) * 1e6, numpy_us=numpy_s * 1e6,
-        max_err=float(err.max()), nse=float(((out - ref) ** 2).sum() / (ref**2).sum()),
-    )
+    st = pstats.Stats(prof)
+    stats = st.stats  # type: ignore[attr-defined]
+    # Cumulative time of the step's phases (cProfile inflates Python-heavy ones).
+    phases = {"check_bind": "check_bind", "write": "input writes", "_read": "output reads",
+              "submit": "submit + fence wait", "step": "Replay.step"}
+    per_step: dict[str, float] = {}
+    for (_fn, _line, name), t in stats.items():
+        if name in phases and (name != "step" or _fn.endswith("replay.py")):
+            per_step[phases[name]] = per_step.get(phases[name], 0.0) + t[3] / reps * 1e6
+    top = sorted(stats.items(), key=lambda kv: -kv[1][2])[:10]
+    profile = [(f"{Path(fn).name}:{line}:{name}", t[2] / reps * 1e6)
+               for (fn, line, name), t in top]
+    return HostOverhead(shape, reps, floor, statistics.median(wall) * 1e6,
+                        statistics.median(gpu) / 1e3, statistics.median(sub) * 1e6,
+                        profile, per_step)
 
 
-CPU_SHAPES = [(1, 8, 8, 1024, 64), (1, 32, 8, 2048, 128), (4, 32, 8, 1024, 128),
-              (1, 8, 1, 8192, 64)]
-GPU_SHAPES = [(1, 32, 8, 4096, 128), (1, 32, 8, 32768, 128), (8, 32, 8, 8192, 128),
-              (32, 32, 8, 4096, 128), (16, 64, 8, 16384, 128), (1, 8, 1, 65536, 64)]
+# --- torch SDPA ----------------------------------------------------------------------------------
 
 
-def run(device: Device, shapes: list[tuple[int, int, int, int, int]] | None = None,
-        out=sys.stdout) -> list[DecodeResult]:
-    """Measure ``shapes`` (default: a set sized for the device) and print a markdown table."""
+def torch_available() -> str | None:
+    """None when torch with CUDA imports; else why not (one line)."""
+    try:
+        import torch
+    except Exception as e:
+        return f"torch not importable ({type(e).__name__}: {e})".splitlines()[0]
+    if not torch.cuda.is_available():
+        return "torch has no CUDA device"
+    return None
+
+
+def bench_torch(shape: Shape, dtype: str, ceiling: ReadCeiling, *, warm_s: float, reps: int,
+                clock: SmClock, calls: int = 10, out=None) -> Row:
+    """``F.scaled_dot_product_attention(q, k, v, enable_gqa=True)``: ``calls`` launches
+    captured in one CUDA graph, timed with CUDA events, per-call median of ``reps`` replays."""
+    import torch
+    import torch.nn.functional as F
+
+    row = Row("torch", shape, dtype, kv_bytes(shape, dtype), fits_l2(shape, dtype))
+    q, k, v = make_inputs(shape, dtype, seed=2)
+    tdt = {"float32": torch.float32, "float16": torch.float16}[dtype]
+    tq, tk, tv = (torch.from_numpy(np.ascontiguousarray(x)).to("cuda", tdt) for x in (q, k, v))
+
+    def f():
+        return F.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True)
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            first = f()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    row.nse = nse(first.float().cpu().numpy(), reference(q, k, v))
+    row.check_ok = row.nse <= TOL
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            f()
+    _warm(lambda: (graph.replay(), torch.cuda.synchronize()), warm_s)
+    row.sm_mhz = clock.check(f"torch {shape_text(shape)} {dtype}", out)
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    per_call = []
+    for _ in range(reps):
+        e0.record()
+        graph.replay()
+        e1.record()
+        e1.synchronize()
+        per_call.append(e0.elapsed_time(e1) * 1e3 / calls)
+    row.reps = reps
+    _fill(row, statistics.median(per_call), ceiling)
+    return row
+
+
+# --- llama.cpp (ggml Vulkan FLASH_ATTN_EXT) ------------------------------------------------------
+
+_FA_LINE = re.compile(r"FLASH_ATTN_EXT\((?P<params>[^)]*)\):.*?(?P<us>[\d.]+)\s*us/run")
+#: only the decode cases (nb=1, D=128) of its perf list
+PEER_FILTER = r"hsk=128,hsv=128,.*,nb=1,"
+
+
+def parse_peer_fa(text: str) -> dict[tuple[Shape, str], float]:
+    """``test-backend-ops perf -o FLASH_ATTN_EXT`` lines -> {(shape, dtype): us/run}.
+
+    ggml's layout: nh = Hkv, nr23 = [Hq/Hkv, B], kv = Lk, nb = query rows, hsk = D;
+    type_KV (older) or type_K/type_V (newer) f16|f32.
+    """
+    found: dict[tuple[Shape, str], float] = {}
+    for line in text.splitlines():
+        m = _FA_LINE.search(line)
+        if not m:
+            continue
+        p = m.group("params")
+        try:
+            hsk = int(re.search(r"hsk=(\d+)", p).group(1))  # type: ignore[union-attr]
+            nh = int(re.search(r"nh=(\d+)", p).group(1))  # type: ignore[union-attr]
+            r, b = (int(x) for x in re.search(r"nr23=\[(\d+),(\d+)\]", p).groups())  # type: ignore[union-attr]
+            kv = int(re.search(r"kv=(\d+)", p).group(1))  # type: ignore[union-attr]
+            nb = int(re.search(r"nb=(\d+)", p).group(1))  # type: ignore[union-attr]
+            t = re.search(r"type_KV=(\w+)", p) or re.search(r"type_K=(\w+)", p)
+            tv = re.search(r"type_V=(\w+)", p)
+        except (AttributeError, ValueError):
+            continue
+        if nb != 1 or t is None or (tv is not None and tv.group(1) != t.group(1)):
+            continue
+        dtype = {"f16": "float16", "f32": "float32"}.get(t.group(1))
+        if dtype is None:
+            continue
+        found[((b, nh * r, nh, kv, hsk), dtype)] = float(m.group("us"))
+    return found
+
+
+def peer_fa_path() -> Path | None:
+    for base in (Path.cwd(), Path(__file__).resolve().parent.parent):
+        p = base / ".gpu" / "peer-fa"
+        if p.exists():
+            return p
+    return None
+
+
+def run_peer_fa(peer: Path, coopmat2: bool, timeout_s: float = 180) -> tuple[str, dict]:
+    env = dict(os.environ)
+    if not coopmat2:
+        env["GGML_VK_DISABLE_COOPMAT2"] = "1"
+    else:
+        env.pop("GGML_VK_DISABLE_COOPMAT2", None)
+    proc = subprocess.run([str(peer), "perf", "-p", PEER_FILTER], cwd=peer.parent.parent,
+                          env=env, capture_output=True, text=True, timeout=timeout_s)
+    text = proc.stdout + proc.stderr
+    if proc.returncode != 0 and not _FA_LINE.search(text):
+        tail = text.strip().splitlines()[-1:] or ["no output"]
+        raise RuntimeError(f"exit {proc.returncode}: {tail[0]}")
+    return text, parse_peer_fa(text)
+
+
+# --- the run -------------------------------------------------------------------------------------
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1%}"
+
+
+def _num(x: float | None, fmt: str = ".1f") -> str:
+    return "n/a" if x is None else format(x, fmt)
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    """a / b as 'N.NNx' (n/a when either is missing)."""
+    return "n/a" if not a or not b else f"{a / b:.2f}x"
+
+
+def _table(out, header: list[str], rows: list[list[str]]) -> None:
+    print("| " + " | ".join(header) + " |", file=out)
+    print("|" + "---|" * len(header), file=out)
+    for r in rows:
+        print("| " + " | ".join(r) + " |", file=out)
+    print(file=out, flush=True)
+
+
+def run(device: Device, shapes: list[Shape] | None = None, dtypes: list[str] | None = None, *,
+        quick: bool = False, warm_s: float | None = None, reps: int | None = None,
+        json_path: str | None = None, plot_path: str | None = None, out=None) -> dict:
+    """Measure every series, print markdown tables of ratios, write ``json_path`` and the
+    ``plot_path`` PNG when given. Returns everything as a dict (what the JSON holds)."""
     if shapes is None:
-        shapes = CPU_SHAPES if device.profile.device_type == "cpu" else GPU_SHAPES
-    ceiling = read_ceiling(device)
-    print(f"device: {device.name} ({device.profile.device_type}, {device.profile.driver})",
-          file=out)
-    print(f"streaming-read ceiling: {ceiling.gbps:.1f} GB/s over {ceiling.nbytes >> 20} MiB",
-          file=out)
-    print("| B | Hq | Hkv | Lk | D | K/V MiB | attn GB/s | of ceiling | attn us "
-          "| step GPU us | step wall us | vs numpy | max err |", file=out)
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|", file=out)
-    results = []
+        shapes = QUICK_SHAPES if quick else (
+            CPU_SHAPES if device.profile.device_type == "cpu" else GPU_SHAPES)
+    dtypes = list(dtypes or DTYPES)
+    warm_s = (0.05 if quick else 1.0) if warm_s is None else warm_s
+    reps = (10 if quick else 50) if reps is None else reps
+    out = sys.stdout if out is None else out
+    p = device.profile
+    print(f"device: {device.name} ({p.device_type}, {p.driver}, "
+          f"{p.compute_units or '?'} compute units)", file=out)
+    clock = SmClock(device.name)
+    if clock.h is None:
+        print(clock.note, file=out)
+    else:
+        print(f"SM clock: {clock.sm_mhz()} MHz now, device maximum {clock.max_mhz} MHz", file=out)
+    ceiling = read_ceiling(device, nbytes=8 << 20 if quick else None, reps=3 if quick else 10)
+    print(f"read ceiling: {ceiling.gbps:.1f} GB/s (vec4 read of {ceiling.nbytes >> 20} MiB of "
+          "random words, best launch shape)", file=out)
+    print(f"method: each case runs back to back >= {warm_s:g} s before timing; median of "
+          f"{reps} replays; K/V GB/s = K+V bytes / attention time; 'L2' = K+V <= "
+          f"{L2_FIT_BYTES / 1e6:.0f} MB (fits a 60 MB L2: replays may read the cache); "
+          f"pootvk outputs checked once against float64 numpy (nse <= {TOL:g})", file=out,
+          flush=True)
+    result: dict[str, Any] = {
+        "device": {"name": device.name, "type": p.device_type, "driver": p.driver,
+                   "compute_units": p.compute_units},
+        "ceiling": asdict(ceiling), "warm_s": warm_s, "reps": reps,
+        "sm_max_mhz": clock.max_mhz, "skipped": [], "rows": [],
+    }
+    skipped: list[str] = result["skipped"]
+    if clock.h is None:
+        skipped.append(clock.note)
+
+    def skip(msg: str) -> None:
+        msg = msg.splitlines()[0] if msg else msg
+        skipped.append(msg)
+        print(msg, file=out, flush=True)
+
+    # --- pootvk and torch, shape by shape --------------------------------------------------
+    why_no_torch = torch_available()
+    if why_no_torch:
+        skip(f"torch SDPA skipped: {why_no_torch}")
+    pv: dict[tuple[Shape, str], Row] = {}
+    tr: dict[tuple[Shape, str], Row] = {}
     for s in shapes:
-        r = bench_decode(device, s, ceiling)
-        results.append(r)
-        print(f"| {' | '.join(map(str, s))} | {r.kv_bytes / 2**20:.0f} | {r.attn_gbps:.1f} "
-              f"| {r.ceiling_frac:.1%} | {r.attn_us:.1f} | {r.step_gpu_us:.1f} "
-              f"| {r.step_wall_us:.1f} | {r.vs_numpy:.1f}x | {r.max_err:.1e} |", file=out,
-              flush=True)
-    return results
+        for dt in dtypes:
+            try:
+                pv[s, dt] = bench_pootvk(device, s, dt, ceiling, warm_s=warm_s, reps=reps,
+                                         clock=clock, out=out)
+            except Exception as e:  # one shape's failure loses only that row
+                r = Row("pootvk", s, dt, kv_bytes(s, dt), fits_l2(s, dt))
+                r.note = f"n/a (failed: {type(e).__name__}: {e})".splitlines()[0]
+                pv[s, dt] = r
+            if not why_no_torch:
+                try:
+                    tr[s, dt] = bench_torch(s, dt, ceiling, warm_s=warm_s, reps=reps,
+                                            clock=clock, out=out)
+                except Exception as e:
+                    skip(f"torch SDPA {shape_text(s)} {dt} skipped: {type(e).__name__}: {e}")
+            r = pv[s, dt]
+            print(f"  measured {shape_text(s)} {dt}: pootvk {_pct(r.ceiling_frac)} of ceiling"
+                  + (f", torch {_pct(tr[s, dt].ceiling_frac)}" if (s, dt) in tr else ""),
+                  file=sys.stderr, flush=True)
+
+    # --- host overhead (item 5) -----------------------------------------------------------
+    ho = None
+    try:
+        ho = host_overhead(device, shapes[0], warm_s=warm_s, reps=max(reps, 100))
+    except Exception as e:
+        skip(f"host overhead skipped: {type(e).__name__}: {e}")
+
+    # --- llama.cpp ------------------------------------------------------------------------
+    ll: dict[tuple[Shape, str], Row] = {}
+    peer = peer_fa_path()
+    if peer is None:
+        skip("llama.cpp Vulkan flash attention skipped: no .gpu/peer-fa (tools/gpu-prep makes it)")
+    else:
+        runs: dict[str, dict] = {}
+        for label, cm2 in (("coopmat2", True), ("no-coopmat2", False)):
+            try:
+                text, parsed = run_peer_fa(peer, cm2)
+                runs[label] = parsed
+                result.setdefault("llama_cpp_raw", {})[label] = [
+                    ln for ln in text.splitlines() if "FLASH_ATTN_EXT" in ln]
+                if not parsed:
+                    skip(f"llama.cpp {label}: no FLASH_ATTN_EXT us/run lines in its output")
+            except Exception as e:
+                skip(f"llama.cpp {label} skipped: {type(e).__name__}: {e}")
+        for s in shapes:
+            for dt in dtypes:
+                times = {lab: r[s, dt] for lab, r in runs.items() if (s, dt) in r}
+                if not times:
+                    continue
+                best = min(times, key=times.get)  # type: ignore[arg-type]
+                row = Row("llama.cpp", s, dt, kv_bytes(s, dt), fits_l2(s, dt), path=best)
+                _fill(row, times[best], ceiling)
+                others = [t for lab, t in times.items() if lab != best]
+                row.other_path_us = others[0] if others else None
+                ll[s, dt] = row
+
+    # --- report ---------------------------------------------------------------------------
+    print(file=out)
+    print("## pootvk (the public path's plan, replayed; K/V resident)", file=out)
+    rows = []
+    for (s, dt), r in pv.items():
+        mb = f"{r.kv_bytes / 1e6:.1f}"
+        l2 = "yes" if r.fits_l2 else "no"
+        chk = "n/a" if r.nse is None else f"{r.nse:.1e} {'OK' if r.check_ok else 'FAILED'}"
+        if not r.done():
+            rows.append([shape_text(s), dt, mb, l2, r.note or "n/a", "", "", "", "", "", "", chk,
+                         ""])
+            continue
+        rows.append([shape_text(s), dt, mb, l2, _pct(r.ceiling_frac), _num(r.gbps),
+                     _num(r.us), _ratio(r.wall_us, r.us), _num(r.wall_us),
+                     r.schedule or "?", str(r.splits if r.splits is not None else "?"), chk,
+                     _num(r.sm_mhz, "d")])
+    _table(out, ["B,Hq,Hkv,Lk,D", "K/V", "K+V MB", "L2", "of ceiling", "GB/s", "attn us",
+                 "wall / attn", "step wall us", "schedule", "splits", "check (nse)",
+                 "SM MHz"], rows)
+    print("step wall: one submit + fence wait of the plan's recorded kernels from Python, "
+          "K/V resident (the public call's per-call K/V upload is not in it); wall / attn: "
+          "step wall over the attention kernels' GPU time", file=out)
+    print(file=out)
+
+    if ho is not None:
+        print("## host overhead of a replayed decode step (issue 7 item 5)", file=out)
+        ok = ho.ratio <= HOST_OVERHEAD_GOAL
+        _table(out, ["decode step B,Hq,Hkv,Lk,D", "host us", "host / empty submit",
+                     "empty submit us", "goal", "step wall us", "step / bare submit",
+                     "bare submit us", "GPU / step wall"],
+               [[shape_text(ho.shape), f"{ho.host_us:.1f}", f"{ho.ratio:.2f}x",
+                 f"{ho.empty_submit_us:.1f}",
+                 f"host <= {HOST_OVERHEAD_GOAL}x empty: {'met' if ok else 'MISSED'}",
+                 f"{ho.step_wall_us:.1f}", _ratio(ho.step_wall_us, ho.submit_wall_us),
+                 f"{ho.submit_wall_us:.1f}", _ratio(ho.step_gpu_us, ho.step_wall_us)]])
+        print(f"host = Replay.step wall - its GPU time (first to last timestamp); empty submit "
+              f"= submit + fence wait of a recorded command buffer with no dispatch; bare "
+              f"submit = submit + wait of the same recording without Replay.step; median of "
+              f"{ho.reps}", file=out)
+        step_us = ho.phases.get("Replay.step") or ho.step_wall_us
+        print("Replay.step phases under cProfile (share of its profiled step): " + ", ".join(
+            f"{k} {v / step_us:.0%}" for k, v in ho.phases.items() if k != "Replay.step"),
+            file=out)
+        print("own time by function (share of the profiled step): " + ", ".join(
+            f"{name} {us / step_us:.0%}" for name, us in ho.profile[:8]), file=out)
+        print(file=out, flush=True)
+
+    if tr:
+        print("## torch scaled_dot_product_attention (CUDA graph, CUDA events)", file=out)
+        _table(out, ["B,Hq,Hkv,Lk,D", "dtype", "L2", "of ceiling", "GB/s", "torch us",
+                     "pootvk speed vs torch", "check (nse)", "SM MHz"],
+               [[shape_text(s), dt, "yes" if r.fits_l2 else "no", _pct(r.ceiling_frac),
+                 _num(r.gbps), _num(r.us),
+                 _ratio(r.us, pv[s, dt].us) if (s, dt) in pv else "n/a",
+                 f"{r.nse:.1e}", _num(r.sm_mhz, "d")] for (s, dt), r in tr.items()])
+        print("pootvk speed vs torch = torch time / pootvk attention time (> 1: pootvk faster)",
+              file=out)
+        print(file=out)
+    if ll:
+        print("## llama.cpp Vulkan flash attention (faster of coopmat2 and "
+              "GGML_VK_DISABLE_COOPMAT2=1; its shapes carry a mask)", file=out)
+        _table(out, ["B,Hq,Hkv,Lk,D", "dtype", "L2", "of ceiling", "GB/s", "llama.cpp us",
+                     "pootvk speed vs llama.cpp", "faster path", "other path / faster"],
+               [[shape_text(s), dt, "yes" if r.fits_l2 else "no", _pct(r.ceiling_frac),
+                 _num(r.gbps), _num(r.us),
+                 _ratio(r.us, pv[s, dt].us) if (s, dt) in pv else "n/a", r.path or "?",
+                 _ratio(r.other_path_us, r.us)] for (s, dt), r in ll.items()])
+        print(file=out)
+
+    print("## side by side: fraction of the read ceiling", file=out)
+    side = []
+    for s in shapes:
+        for dt in dtypes:
+            side.append([shape_text(s), dt, "yes" if fits_l2(s, dt) else "no",
+                         _pct(pv[s, dt].ceiling_frac) if (s, dt) in pv else "n/a",
+                         _pct(tr[s, dt].ceiling_frac) if (s, dt) in tr else "n/a",
+                         _pct(ll[s, dt].ceiling_frac) if (s, dt) in ll else "n/a"])
+    _table(out, ["B,Hq,Hkv,Lk,D", "dtype", "L2", "pootvk", "torch SDPA", "llama.cpp Vulkan"],
+           side)
+    if skipped:
+        print("skipped: " + "; ".join(skipped), file=out, flush=True)
+
+    result["rows"] = [_row_json(r) for d in (pv, tr, ll) for r in d.values()]
+    if ho is not None:
+        result["host_overhead"] = {**asdict(ho), "host_us": ho.host_us, "ratio": ho.ratio,
+                                   "goal": HOST_OVERHEAD_GOAL}
+    if json_path:
+        Path(json_path).write_text(json.dumps(result, indent=1, default=str))
+        print(f"wrote {json_path}", file=out)
+    if plot_path:
+        try:
+            plot(result, plot_path)
+            print(f"wrote {plot_path}", file=out)
+        except Exception as e:  # a plot never loses the numbers
+            skip(f"plot skipped: {type(e).__name__}: {e}")
+    return result
+
+
+def _row_json(r: Row) -> dict:
+    d = asdict(r)
+    d["shape"] = list(r.shape)
+    return d
+
+
+def plot(result: dict, path: str) -> None:
+    """K/V GB/s against Lk, one line per (series, dtype); the read ceiling as a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    series: dict[str, list[tuple[int, float, str]]] = {}
+    for r in result["rows"]:
+        if r["gbps"] is None:
+            continue
+        b, hq, hkv, lk, _d = r["shape"]
+        series.setdefault(f"{r['series']} {r['dtype']}", []).append(
+            (lk, r["gbps"], f"{b},{hq},{hkv},{_d}"))
+    for name, pts in sorted(series.items()):
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+        for lk, gbps, lab in pts:
+            ax.annotate(lab, (lk, gbps), fontsize=6, textcoords="offset points", xytext=(3, 3))
+    ax.axhline(result["ceiling"]["gbps"], color="k", ls="--", lw=1,
+               label=f"read ceiling {result['ceiling']['gbps']:.0f} GB/s")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("Lk (keys; points labelled B,Hq,Hkv,D; Lq=1)")
+    ax.set_ylabel("K/V GB/s")
+    ax.set_title(f"decode attention on {result['device']['name']}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def matplotlib_missing() -> str | None:
+    """None when matplotlib imports; else how to install it (one line)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return "--plot needs matplotlib: pip install 'pootvk[plot]' (or pip install matplotlib)"
+    return None

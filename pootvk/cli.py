@@ -29,6 +29,16 @@ def positive_int(text: str) -> int:
     return n
 
 
+def non_negative_float(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not x >= 0 or x == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} must be a finite number >= 0")
+    return x
+
+
 def bench_shape(text: str) -> tuple[int, ...]:
     """B,Hq,Hkv,Lk,D: five positive integers."""
     try:
@@ -99,12 +109,29 @@ def _demo(args: argparse.Namespace) -> int:
     return 0 if ok and loop.recordings == 1 else 1
 
 
+def bench_dtype(text: str) -> str:
+    from .benchmark import DTYPE_ALIASES
+
+    try:
+        return DTYPE_ALIASES[text.lower()]
+    except KeyError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: want one of {', '.join(DTYPE_ALIASES)}") from None
+
+
 def _bench(args: argparse.Namespace) -> int:
-    from .benchmark import run
+    from .benchmark import matplotlib_missing, run
     from .runtime import resolve_device
 
-    shapes = list(args.shape) if args.shape else None
-    run(resolve_device(args.device), shapes)
+    if args.plot:
+        missing = matplotlib_missing()
+        if missing:  # before minutes of measuring, not after
+            print(f"pootvk bench: error: {missing}", file=sys.stderr)
+            return 2
+    shapes = list(dict.fromkeys(args.shape)) if args.shape else None
+    dtypes = list(dict.fromkeys(args.dtype)) if args.dtype else None
+    run(resolve_device(args.device), shapes, dtypes, quick=args.quick, warm_s=args.warm,
+        reps=args.reps, json_path=args.json, plot_path=args.plot)
     return 0
 
 
@@ -176,7 +203,18 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--seed", type=int, default=0)
     bench = sub.add_parser("bench", help="decode-attention GB/s against the read ceiling")
     bench.add_argument("--shape", action="append", type=bench_shape,
-                       help="B,Hq,Hkv,Lk,D (repeatable)")
+                       help="B,Hq,Hkv,Lk,D (repeatable; default: issue 7's shapes on a GPU)")
+    bench.add_argument("--dtype", action="append", type=bench_dtype,
+                       help="K/V dtype: float32 | float16 (repeatable; default both)")
+    bench.add_argument("--quick", action="store_true",
+                       help="tiny shapes, short warm-up (CI)")
+    bench.add_argument("--warm", type=non_negative_float, default=None,
+                       help="seconds of back-to-back runs before timing each case (default 1)")
+    bench.add_argument("--reps", type=positive_int, default=None,
+                       help="timed replays per case, median reported (default 50)")
+    bench.add_argument("--json", metavar="FILE", help="write every number to FILE")
+    bench.add_argument("--plot", metavar="FILE.png",
+                       help="K/V GB/s against Lk for every series (needs matplotlib)")
     for p in (demo, bench, sub.choices["devices"]):
         p.add_argument("--device", default=None, help="index or name substring")
     plan = sub.add_parser("plan", help="print the plan for an attention shape (no device)")
