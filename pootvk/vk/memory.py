@@ -172,6 +172,18 @@ class Buffer(Owned):
         finally:
             staging.destroy()
 
+    def view(self, offset: int, shape: tuple[int, ...], dtype: Any) -> np.ndarray | None:
+        """A typed numpy view of mapped memory ``[offset, offset + size)``, or None when the
+        buffer is not mapped. The view is valid until the buffer is destroyed: the per-step
+        path of a Replay writes inputs and reads outputs through such views (no staging
+        copies, no per-step allocation)."""
+        dt = np.dtype(dtype)
+        n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        self._check(offset, n)
+        if self._mapped is None:
+            return None
+        return self._mapped[offset : offset + n].view(dt).reshape(shape)
+
     def read(self, offset: int, nbytes: int) -> bytes:
         """The bytes ``[offset, offset+nbytes)`` (after any submit was waited on)."""
         self._check(offset, nbytes)
