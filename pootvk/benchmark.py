@@ -803,27 +803,37 @@ def plot(result: dict, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 5.5))
-    series: dict[str, list[tuple[int, float, str]]] = {}
+    fig, ax = plt.subplots(figsize=(11, 5.5))
+    # one colour and marker per series; a line joins only the points of one (B, Hq, Hkv)
+    # family (the same problem at longer lengths), never different batch/head shapes
+    series: dict[str, dict[tuple[int, int, int], list[tuple[int, float]]]] = {}
     for r in result["rows"]:
         if r["gbps"] is None:
             continue
         b, hq, hkv, lk, _d = r["shape"]
-        series.setdefault(f"{r['series']} {r['dtype']}", []).append(
-            (lk, r["gbps"], f"{b},{hq},{hkv},{_d}"))
-    for name, pts in sorted(series.items()):
-        pts.sort()
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
-        for lk, gbps, lab in pts:
-            ax.annotate(lab, (lk, gbps), fontsize=6, textcoords="offset points", xytext=(3, 3))
+        fam = series.setdefault(f"{r['series']} {r['dtype']}", {})
+        fam.setdefault((b, hq, hkv), []).append((lk, r["gbps"]))
+    markers = "osD^v<>p*h"
+    families = sorted({k for f in series.values() for k in f})
+    marker = {fam: markers[i % len(markers)] for i, fam in enumerate(families)}
+    for n, (name, fams) in enumerate(sorted(series.items())):
+        colour = f"C{n % 10}"
+        for i, (fam, pts) in enumerate(sorted(fams.items())):
+            pts.sort()
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=colour,
+                    marker=marker[fam], ls="-" if len(pts) > 1 else "none",
+                    label=name if i == 0 else None)
+    for fam in families:
+        ax.plot([], [], color="0.4", ls="none", marker=marker[fam],
+                label="B,Hq,Hkv = " + ",".join(map(str, fam)))
     ax.axhline(result["ceiling"]["gbps"], color="k", ls="--", lw=1,
                label=f"read ceiling {result['ceiling']['gbps']:.0f} GB/s")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("Lk (keys; points labelled B,Hq,Hkv,D; Lq=1)")
+    ax.set_xlabel("Lk (keys), D=128, Lq=1")
     ax.set_ylabel("K/V GB/s")
     ax.set_title(f"decode attention on {result['device']['name']}")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
