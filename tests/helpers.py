@@ -4,6 +4,7 @@ independent float64 attention reference that kernel tests compare the device aga
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
@@ -104,3 +105,9 @@ def reference_decode_step(
         mask = mask + ins["alibi"].astype(np.float64)
     out = reference_attention(ins["q"], kc, vc, mask, scale=scale, softcap=softcap)
     return {"out": out, "k_cache": kc, "v_cache": vc}
+
+
+def examples(n: int) -> int:
+    """Hypothesis examples for a device sweep: ``n``, scaled by POOTVK_SWEEP_SCALE (CI's
+    second driver, whose compiler is slower, runs a quarter of each sweep)."""
+    return max(2, round(n * float(os.environ.get("POOTVK_SWEEP_SCALE", "1"))))

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import pootvk
 from pootvk.errors import PootvkError
-from tests.helpers import nse
+from tests.helpers import examples, nse
 
 DTYPES = [np.float32, np.float16, np.float64, np.int32, np.bool_, np.complex64, object]
 
@@ -54,7 +54,7 @@ def calls(draw):
     return args, mask, scale, softcap, device
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(120), deadline=None, suppress_health_check=list(HealthCheck))
 @given(call=calls())
 def test_every_outcome_is_a_result_or_a_pootvk_error(call, device) -> None:
     args, mask, scale, softcap, dev = call

@@ -22,6 +22,7 @@ from pootvk.plan.decode_schedule import (
 from pootvk.plan.profile import recorded_profile, recorded_profiles
 from pootvk.shaders.attention_decode import generate_decode
 from pootvk.shaders.compiler import compile_glsl
+from tests.helpers import examples
 
 TOL = 5e-4
 
@@ -266,7 +267,7 @@ def test_row_blocks(device):
     assert req.row_blocks == 6 and req.rows_per_wg == 6
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(6), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     b=st.integers(1, 3), n_rep=st.sampled_from([1, 4, 8, 12]), hkv=st.integers(1, 2),
     lq=st.sampled_from([1, 3]), lk=st.sampled_from([1, 113, 128, 129, 1000]),

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import pootvk
 from pootvk.errors import BindError, DtypeLowering, ShapeError
 from pootvk.plan import forced_schedule
-from tests.helpers import assert_close, reference_attention
+from tests.helpers import assert_close, examples, reference_attention
 
 
 def check(got, ref):
@@ -33,7 +33,7 @@ SCHEDULES = {
 }
 
 
-@settings(max_examples=45, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(45), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     b=st.integers(1, 3), n_rep=st.sampled_from([1, 4, 8, 12]), hkv=st.integers(1, 2),
     lq=st.sampled_from([1, 3, 7]), lk=st.sampled_from([1, 113, 128, 129, 1000, 4096]),
