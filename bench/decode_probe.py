@@ -193,6 +193,32 @@ LITE_VARIANTS: list[dict] = [{"local_size": 128}, {"local_size": 512}, {"lanes_p
                              {"fused_combine": True}]
 
 
+SL = {"dot_reduce": "scatter", "lazy_rescale": True}
+
+
+def exp_candidates(base: DecodeRequest, kv: str) -> list[tuple[dict, int | None]]:
+    """``--exp``: the old kernel (butterfly dots, eager rescale) against the reduce-scatter
+    dot reduction and the lazy rescale, with schedule variants around them."""
+    old = {"dot_reduce": "butterfly", "lazy_rescale": False}
+    c: list[tuple[dict, int | None]] = [
+        (old, None), ({"dot_reduce": "scatter", "lazy_rescale": False}, None),
+        ({"dot_reduce": "butterfly", "lazy_rescale": True}, None), (SL, None),
+        ({**SL, "keys_per_iter": 4}, None), ({**SL, "lanes_per_key": 16}, None),
+        ({**SL, "local_size": 128}, None),
+    ]
+    if kv == "f16":
+        c.append(({**SL, "f16_convert": "fp16"}, None))
+    if base.splits > 1:
+        c.append((SL, min(64, base.splits * 2)))
+    if base.lk <= 8192 and base.splits > 1:  # the small L2-resident shape
+        for sp in (2, 4, 8, 32):
+            c.append((SL, sp))
+        c += [({**SL, "fused_combine": False}, None), ({**SL, "local_size": 512}, None),
+              ({**SL, "fused_combine": False}, 32), ({**SL, "local_size": 128}, 8),
+              ({**SL, "local_size": 128}, 32)]
+    return c
+
+
 def run_shape(device, shape, kvs, args, ceiling_gbps, clock, results):
     b, hq, hkv, lk = shape
     rng = np.random.default_rng(sum(shape))
@@ -264,7 +290,9 @@ def run_shape(device, shape, kvs, args, ceiling_gbps, clock, results):
         if args.tune and kv in args.tune_dtypes.split(","):
             base = choose_decode_schedule(p, device.profile, has_subgroup_shuffle=True)
             seen = set()
-            if args.lite:
+            if args.exp:
+                cands = exp_candidates(base, kv)
+            elif args.lite:
                 cands = [({}, None)] + [(v, None) for v in LITE_VARIANTS] + \
                     [({}, 2 if base.splits == 1 else min(64, base.splits * 2))]
             else:
@@ -292,7 +320,8 @@ def run_shape(device, shape, kvs, args, ceiling_gbps, clock, results):
                     best = (row["us"], ov, sp)
             print(f"# best {shape} {kv}: {best} (default splits={base.splits})", flush=True)
         req = choose_decode_schedule(p, device.profile, has_subgroup_shuffle=True)
-        measure("grouped", decode_specs(req, bufs), args.reps, args.warm, req)
+        if not args.exp:
+            measure("grouped", decode_specs(req, bufs), args.reps, args.warm, req)
         if kv == "f32" and not args.no_streaming:
             sreq = streaming_request(p, device)
             specs = [(generate_attention(sreq), [bufs["q"], bufs["k"], bufs["v"], bufs["out"]],
@@ -313,14 +342,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--tune", action="store_true")
     ap.add_argument("--lite", action="store_true", help="a few variants around the default")
+    ap.add_argument("--exp", action="store_true",
+                    help="with --tune: the dot-reduction / rescale variants (exp_candidates)")
     ap.add_argument("--tune-reps", type=int, default=20)
     ap.add_argument("--tune-dtypes", default="f32,f16")
     ap.add_argument("--tune-warm", type=float, default=0.3)
     ap.add_argument("--no-streaming", action="store_true")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    shapes = [tuple(int(x) for x in s.split(",")) for s in args.shapes] if args.shapes \
-        else SHAPES
+    # a shape may name its own dtypes: B,Hq,Hkv,Lk/f32+f16
+    specs = [(s.split("/") + [""])[:2] for s in args.shapes] if args.shapes \
+        else [(",".join(map(str, s)), "") for s in SHAPES]
+    shapes = [(tuple(int(x) for x in s.split(",")), d.split("+") if d else
+               args.dtypes.split(",")) for s, d in specs]
     device = Device()
     clock = Clock()
     print(f"# device: {device.name} ({device.profile.device_type}, "
@@ -332,8 +366,8 @@ def main(argv: list[str] | None = None) -> int:
           f"({time.perf_counter() - t0:.1f}s, SM {clock.sm_mhz()} MHz)", flush=True)
     results: list[dict] = []
     ok = True
-    for s in shapes:
-        ok &= run_shape(device, s, args.dtypes.split(","), args, ceil.gbps, clock, results)
+    for s, kvs in shapes:
+        ok &= run_shape(device, s, kvs, args, ceil.gbps, clock, results)
     # final table
     print(f"\nceiling {ceil.gbps:.0f} GB/s; D=128, Lq=1; fraction = K/V bytes / time / ceiling")
     print("| B,Hq,Hkv,Lk | K/V | fits | grouped us | GB/s | of ceiling | schedule "
@@ -351,6 +385,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {','.join(map(str, r['shape']))} | {r['kv']} | {r['fits']} | {r['us']:.1f} "
               f"| {r['gbps']:.0f} | {r['frac']:.1%} | {sched} | "
               f"{'-' if st is None else format(st['frac'], '.1%')} | {r['sm_mhz']} |")
+    if args.exp:
+        print("\n| B,Hq,Hkv,Lk | K/V | us | of ceiling | schedule |")
+        print("|---|---|---|---|---|")
+        for r in results:
+            q = r["request"]
+            print(f"| {','.join(map(str, r['shape']))} | {r['kv']} | {r['us']:.1f} "
+                  f"| {r['frac']:.1%} | {q['splits']}sp lpk{q['lanes_per_key']} "
+                  f"wg{q['local_size']} kpi{q['keys_per_iter']} {q['dot_reduce']} "
+                  f"{'lazy' if q['lazy_rescale'] else 'eager'}"
+                  f"{' fused' if q['fused_combine'] and q['splits'] > 1 else ''}"
+                  f"{' fp16cvt' if q['f16_convert'] == 'fp16' else ''} |")
     if args.json:
         Path(args.json).write_text(json.dumps({"ceiling_gbps": ceil.gbps, "results": results},
                                               indent=1, default=str))

@@ -44,6 +44,8 @@ MAX_ROWS_CPU = 4
 COMBINE_LOCAL = 64
 KEYS_PER_ITER = 4
 LOCAL_SIZE = 256
+#: 16-bit K/V up to this many keys keep 16 lanes per key when split (choose_decode_schedule)
+SHORT_16BIT_LK = 8192
 #: Split cap when even MAX_SPLITS splits fill at most half the compute units (B*Hkv tiny).
 MAX_SPLITS_FEW = 64
 
@@ -121,6 +123,11 @@ class DecodeRequest:
     prefetch: bool = True  # load the next step's K/V while this step computes
     fused_combine: bool = True  # the last split of a row block combines (no second launch)
     f16_convert: str = "unpack"  # F16 K/V: "unpack" (unpackHalf2x16) | "fp16" (FConvert)
+    #: subgroup dot reduction: "butterfly" (every lane all-reduces every dot) | "scatter"
+    #: (reduce-scatter the rows * keys_per_iter dots across the lanes of a key group, then
+    #: all-gather the sums: 2 (n - n / lanes) shuffles instead of n log2(lanes))
+    dot_reduce: str = "butterfly"
+    lazy_rescale: bool = False  # rescale a row's accumulators only when its running max moves
 
     # --- derived ---------------------------------------------------------------------------
     @property
@@ -235,8 +242,15 @@ class DecodeRequest:
             f"{'prefetch ' if self.prefetch else ''}"
             f"{'fused ' if self.fused_combine and self.splits > 1 else ''}"
             f"{'fp16cvt ' if self.f16_convert == 'fp16' else ''}"
+            f"{'' if self.dot_reduce == _DEFAULT_DOT_REDUCE else self.dot_reduce + ' '}"
+            f"{'' if self.lazy_rescale == _DEFAULT_LAZY else _LAZY_TAG[self.lazy_rescale]}"
             f"grid={self.grid[0]}x{self.grid[1]}"
         )
+
+
+_DEFAULT_DOT_REDUCE = DecodeRequest.dot_reduce
+_DEFAULT_LAZY = DecodeRequest.lazy_rescale
+_LAZY_TAG = {True: "lazy ", False: "eager "}
 
 
 @dataclass(frozen=True)
@@ -389,7 +403,21 @@ def choose_decode_schedule(
     )
     cap = min(32, units, sub if subgroup else 32)
     lanes = _pow2_ceil(max(1, p.dk * bytes_ // (32 if bytes_ == 4 else 16)))
-    if bytes_ == 2 and rows > 1 and rows * (p.dk + p.dv) <= REG_FLOATS * (lanes // 2):
+    # Short 16-bit caches that will be split (Lk <= SHORT_16BIT_LK, the (batch, KV head,
+    # row block) workgroups below one per compute unit) keep 16 lanes per key, 4 keys per
+    # step, with the reduce-scatter dot reduction and the lazy rescale: H200, D=128, one run
+    # (bench/decode_probe.py --tune --exp): (1,32,8,4096) F16 19.3 us vs 22.2 (8 lanes,
+    # butterfly, eager; llama.cpp 17.5); (8,32,8,8192) F16 95.9 us vs 116.2. Longer caches
+    # keep 8 lanes, butterfly, eager: (1,32,8,32768) 65.5 us vs 65.8 (16 lanes, scatter,
+    # lazy), (1,32,8,131072) 165.6 vs 192.4, and (32,32,8,2048) (unsplit) 83.3 vs 91.4.
+    # Measured on their own (8 lanes) the scatter reduction was neutral (+0.2..+2%) and the
+    # lazy rescale slower (+5..+16%, a divergent branch), so both stay off elsewhere;
+    # 16 lanes without them is not measured yet.
+    short16 = (bytes_ == 2 and rows > 1 and p.lq == 1 and p.lk <= SHORT_16BIT_LK
+               and bool(profile.compute_units) and profile.device_type != "cpu"
+               and p.b * p.hkv * (p.group_rows // rows) < profile.compute_units)
+    if bytes_ == 2 and rows > 1 and rows * (p.dk + p.dv) <= REG_FLOATS * (lanes // 2) and \
+            not short16:
         lanes //= 2
     while rows * (p.dk + p.dv) > REG_FLOATS * lanes and lanes < 32:
         lanes *= 2
@@ -410,6 +438,8 @@ def choose_decode_schedule(
     prefetch = bool(ov.pop("prefetch", True))
     fused_override = ov.pop("fused_combine", None)
     f16_convert = str(ov.pop("f16_convert", "unpack"))
+    dot_reduce = str(ov.pop("dot_reduce", "scatter" if short16 else DecodeRequest.dot_reduce))
+    lazy_rescale = bool(ov.pop("lazy_rescale", short16 or DecodeRequest.lazy_rescale))
     if f16_convert == "fp16" and not profile.extra.get("shader_float16"):
         raise DtypeLowering("AttentionDecode", "f16 conversion through shaderFloat16")
     if ov:
@@ -463,7 +493,8 @@ def choose_decode_schedule(
         lanes_per_key=lanes, local_size=local, keys_per_iter=kpi, load_elems=load_elems,
         subgroup=subgroup, grid=fold_grid(groups, profile.max_grid),
         combine_grid=fold_grid(combine_groups, profile.max_grid), prefetch=prefetch,
-        fused_combine=fused, f16_convert=f16_convert,
+        fused_combine=fused, f16_convert=f16_convert, dot_reduce=dot_reduce,
+        lazy_rescale=lazy_rescale,
     )
     check_request(r)
     return r
@@ -489,5 +520,7 @@ def check_request(r: DecodeRequest) -> None:
         raise bad("rows_per_wg must divide n_rep * lq")
     if r.f16_convert not in ("unpack", "fp16"):
         raise bad("f16_convert must be 'unpack' or 'fp16'")
+    if r.dot_reduce not in ("butterfly", "scatter"):
+        raise bad("dot_reduce must be 'butterfly' or 'scatter'")
     if r.keys_per_iter < 1 or r.splits < 1:
         raise bad("keys_per_iter and splits must be >= 1")

@@ -67,6 +67,53 @@ def _unpack(r: DecodeRequest, w: str) -> list[str]:
     return [f"vec4({f}({w}.{comps[i]}), {f}({w}.{comps[i + 1]}))" for i in range(0, len(comps), 2)]
 
 
+def _scatter_gather(names: list[str], lanes: int, emit) -> None:
+    """Sum every value of ``names`` over the ``lanes`` adjacent lanes of a key group.
+
+    Reduce-scatter: while a lane holds an even count of values, each stage halves it (the
+    lane keeps the half its lane bit picks and adds the partner's copy of that half: one
+    shuffle per kept value); then butterfly the rest. All-gather undoes the halving stages
+    (one shuffle per held value). Every index is resolved here; the sums end in ``names``.
+    """
+    cur = list(names)
+    halved: list[int] = []
+    n_tmp = 0
+    off = lanes // 2
+    while off >= 1:
+        n = len(cur)
+        if n >= 2 and n % 2 == 0:
+            emit(f"bool hb{off} = (li & {off}u) != 0u;", 2)
+            h = n // 2
+            nxt = []
+            for k in range(h):
+                lo, hi = cur[k], cur[k + h]
+                t = f"rs{n_tmp}"
+                n_tmp += 1
+                emit(f"float {t} = (hb{off} ? {hi} : {lo}) + "
+                     f"subgroupShuffleXor(hb{off} ? {lo} : {hi}, {off}u);", 2)
+                nxt.append(t)
+            cur = nxt
+            halved.append(off)
+        else:
+            for c in cur:
+                emit(f"{c} += subgroupShuffleXor({c}, {off}u);", 2)
+        off //= 2
+    for off in reversed(halved):
+        lo_l, hi_l = [], []
+        for c in cur:
+            t = f"rs{n_tmp}"
+            n_tmp += 1
+            emit(f"float {t} = subgroupShuffleXor({c}, {off}u);", 2)
+            emit(f"float {t}a = hb{off} ? {t} : {c};", 2)
+            emit(f"float {t}b = hb{off} ? {c} : {t};", 2)
+            lo_l.append(f"{t}a")
+            hi_l.append(f"{t}b")
+        cur = lo_l + hi_l
+    for name, c in zip(names, cur, strict=True):
+        if name != c:
+            emit(f"{name} = {c};", 2)
+
+
 @generators.register(DecodeRequest)
 def generate_decode_partial(r: DecodeRequest) -> str:
     check_request(r)
@@ -235,7 +282,9 @@ def generate_decode_partial(r: DecodeRequest) -> str:
             emit(f"float s{i}_{j} = {terms};", 2)
     # reduce across the LPK lanes of a key group
     if LPK > 1:
-        if r.subgroup:
+        if r.subgroup and r.dot_reduce == "scatter":
+            _scatter_gather([f"s{i}_{j}" for i in range(R) for j in range(KPI)], LPK, emit)
+        elif r.subgroup:
             off = LPK // 2
             while off >= 1:
                 for i in range(R):
@@ -280,10 +329,24 @@ def generate_decode_partial(r: DecodeRequest) -> str:
         emit(f"float al{i} = (m{i} == NEG_INF) ? 0.0 : exp(m{i} - mn{i});", 2)
         for j in range(KPI):
             emit(f"float p{i}_{j} = (s{i}_{j} == NEG_INF) ? 0.0 : exp(s{i}_{j} - mn{i});", 2)
-        emit(f"l{i} = l{i} * al{i}" + "".join(f" + p{i}_{j}" for j in range(KPI)) + ";", 2)
-        for x in range(NOX):
-            upd = "".join(f" + p{i}_{j} * vf{j}_{x}" for j in range(KPI))
-            emit(f"o{i}_{x} = o{i}_{x} * al{i}{upd};", 2)
+        if r.lazy_rescale:
+            # al is exactly 1 (finite m) or the state is 0 / NaN (m = -inf) when the max
+            # stays: skipping the multiply changes nothing
+            emit(f"if (mn{i} != m{i}) {{", 2)
+            emit(f"l{i} *= al{i};", 3)
+            for x in range(NOX):
+                emit(f"o{i}_{x} *= al{i};", 3)
+            emit("}", 2)
+            emit(f"l{i} = l{i}" + "".join(f" + p{i}_{j}" for j in range(KPI)) + ";", 2)
+            for x in range(NOX):
+                upd = " + ".join(f"p{i}_{j} * vf{j}_{x}" for j in range(KPI))
+                emit(f"o{i}_{x} += {upd};", 2)
+        else:
+            emit(f"l{i} = l{i} * al{i}" + "".join(f" + p{i}_{j}" for j in range(KPI)) + ";",
+                 2)
+            for x in range(NOX):
+                upd = "".join(f" + p{i}_{j} * vf{j}_{x}" for j in range(KPI))
+                emit(f"o{i}_{x} = o{i}_{x} * al{i}{upd};", 2)
         emit(f"m{i} = mn{i};", 2)
     emit("}")
 

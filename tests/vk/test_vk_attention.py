@@ -30,6 +30,10 @@ SCHEDULES = {
     "split16": {"schedule": "grouped", "splits": 16},
     "split7_two_launches": {"schedule": "grouped", "splits": 7, "fused_combine": False},
     "shared_reduce": {"schedule": "grouped", "subgroup": False},
+    # the short-16-bit variant the H200 picks: dots reduce-scattered across a key's lanes,
+    # accumulators rescaled only when a row's running max moves
+    "scatter_lazy": {"schedule": "grouped", "splits": 2, "dot_reduce": "scatter",
+                     "lazy_rescale": True},
 }
 
 
