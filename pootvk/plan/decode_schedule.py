@@ -50,8 +50,34 @@ SHORT_16BIT_LK = 8192
 MAX_SPLITS_FEW = 64
 
 
+class _GroupShape:
+    """What a decode problem and its request derive from their shape fields alike."""
+
+    hq: int
+    hkv: int
+    lq: int
+    b: int
+    lk: int
+    dk: int
+    dv: int
+    kv_dtype: str
+
+    @property
+    def n_rep(self) -> int:
+        return self.hq // self.hkv
+
+    @property
+    def group_rows(self) -> int:
+        """Query rows sharing one KV head: n_rep heads times lq rows."""
+        return self.n_rep * self.lq
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.b * self.hkv * self.lk * (self.dk + self.dv) * KV_BYTES[self.kv_dtype]
+
+
 @dataclass(frozen=True)
-class DecodeProblem:
+class DecodeProblem(_GroupShape):
     """What the caller computes: shapes, score transform, mask extents, K/V storage dtype."""
 
     b: int
@@ -80,22 +106,10 @@ class DecodeProblem:
                 raise ShapeError(f"decode attention: mask extents {self.mask} do not broadcast "
                                  f"to (B={self.b}, Hq={self.hq}, Lq={self.lq})")
 
-    @property
-    def n_rep(self) -> int:
-        return self.hq // self.hkv
-
-    @property
-    def group_rows(self) -> int:
-        """Query rows sharing one KV head: n_rep heads times lq rows."""
-        return self.n_rep * self.lq
-
-    @property
-    def kv_bytes(self) -> int:
-        return self.b * self.hkv * self.lk * (self.dk + self.dv) * KV_BYTES[self.kv_dtype]
 
 
 @dataclass(frozen=True)
-class DecodeRequest:
+class DecodeRequest(_GroupShape):
     """One grouped split-KV decode launch pair (partial [+ combine]): the plan key."""
 
     b: int
@@ -130,14 +144,6 @@ class DecodeRequest:
     lazy_rescale: bool = False  # rescale a row's accumulators only when its running max moves
 
     # --- derived ---------------------------------------------------------------------------
-    @property
-    def n_rep(self) -> int:
-        return self.hq // self.hkv
-
-    @property
-    def group_rows(self) -> int:
-        return self.n_rep * self.lq
-
     @property
     def row_blocks(self) -> int:
         return self.group_rows // self.rows_per_wg
@@ -192,10 +198,6 @@ class DecodeRequest:
     def shared_bytes(self) -> int:
         return decode_shared_bytes(self.local_size, self.lanes_per_key, self.keys_per_iter,
                                    self.rows_per_wg, self.dv, self.subgroup)
-
-    @property
-    def kv_bytes(self) -> int:
-        return self.b * self.hkv * self.lk * (self.dk + self.dv) * KV_BYTES[self.kv_dtype]
 
     def push_constants(self) -> tuple[int, ...]:
         """The key count Lk (the K/V row stride): a push constant, so one compiled kernel
