@@ -67,6 +67,7 @@ def _devices(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from .ir.prims import ATTENTION
     from .llm import DecodeLoop
     from .oracle import evaluate
 
@@ -75,7 +76,7 @@ def _demo(args: argparse.Namespace) -> int:
     loop = DecodeLoop(b, hq, hkv, d, cap, device=args.device, softcap=args.softcap)
     print(f"demo: decode loop B={b} Hq={hq} Hkv={hkv} D={d} capacity={cap} on "
           f"{loop.device.name}; {len(loop.plan.kernels)} kernels per step, "
-          f"attention fused: {loop.plan.graph.count('Attention') == 1}")
+          f"attention fused: {loop.plan.graph.count(ATTENTION) == 1}")
     rng = np.random.default_rng(args.seed)
     kc = np.zeros((b, hkv, cap, d), np.float32)
     vc = np.zeros_like(kc)

@@ -13,6 +13,7 @@ def test_demo_checks_against_the_oracle(capsys, device):
     assert cli.main(["demo", "--steps", "40", "--capacity", "64"]) == 0
     out = capsys.readouterr()
     assert "40 steps, 1 recording" in out.out and ": OK" in out.out
+    assert "attention fused: True" in out.out  # the chain became one Attention eqn
     assert "step 40/40" in out.err  # the progress line
 
 

@@ -183,6 +183,12 @@ class Graph:
         return UseInfo.of(self)
 
     def count(self, prim: Prim) -> int:
+        """How many eqns apply ``prim`` (a ``Prim`` object: a name string is refused, it
+        would silently count nothing)."""
+        from .prims import Prim
+
+        if not isinstance(prim, Prim):
+            raise TypeError(f"count() takes a Prim (pootvk.ir.prims), got {prim!r}")
         return sum(1 for e in self.eqns if e.prim is prim)
 
     def replace(

@@ -101,3 +101,10 @@ def test_integer_slots_only_carry_ranges():
     with pytest.raises(ShapeError):
         b.slot("f", SlotKind.LEN, (1,), F32, (0, 1))
     assert b.pos("p", 0, 3).dtype is I32
+
+
+def test_count_takes_a_prim_not_a_name():
+    g = trace_decode_step(1, 2, 2, 4, 8)
+    assert g.count(P.DYNAMIC_UPDATE_SLICE) == 2
+    with pytest.raises(TypeError, match="Prim"):
+        g.count("DynamicUpdateSlice")  # a name would silently count nothing
