@@ -115,34 +115,36 @@ class Replay:
             raise
         self._per_step = {s.name for s in plan.graph.slots if s.kind.per_step and s.kind.bound}
         self._params = {s.name for s in plan.graph.slots if s.kind is SlotKind.PARAM}
-        self._fast_in, self._fast_out = self._fast_path()
+        self._fast_in = self._fast_inputs()
+        self._outs = self._output_reads()
 
-    def _fast_path(self) -> tuple[list[tuple], list[tuple]] | tuple[None, None]:
-        """Per-step slots and outputs as typed views of mapped memory, built once.
-
-        A step whose values already have the slots' exact dtypes and shapes is checked and
-        written through them (no per-step lookups, allocations or byte casts); anything
-        else goes through ``check_bind``, which converts or refuses with a typed error.
-        """
-        g = self.plan.graph
+    def _fast_inputs(self) -> list[tuple] | None:
+        """Per-step slots as typed views of mapped memory, built once: a step whose values
+        already have the slots' exact dtypes and shapes is checked and written through them
+        (no per-step lookups, allocations or byte casts); anything else goes through
+        ``check_bind``, which converts or refuses with a typed error. None when a slot is
+        not mapped or is stored unlike the caller's arrays (BF16, Bool)."""
         ins = []
-        for s in g.slots:
+        for s in self.plan.graph.slots:
             if s.name not in self._per_step:
                 continue
             view = self._slot_buffer(s.name).view(0, s.var.shape, device_numpy(s.var.dtype))
             if view is None or s.var.dtype.numpy != device_numpy(s.var.dtype):
-                return None, None  # not mapped, or stored unlike the caller's arrays
+                return None
             ins.append((s.name, s.var.shape, view.dtype, s.range, view))
-        outs = []
-        for name, v in g.outputs().items():
-            if name in g.states:
-                continue
-            loc = self.plan.outputs[name]
-            view = self.buffers[loc.buffer].view(loc.offset, v.shape, device_numpy(v.dtype))
-            if view is None:
-                return None, None
-            outs.append((name, v.dtype, view, name in g.validations))
-        return ins, outs
+        return ins
+
+    def _output_reads(self) -> list[tuple]:
+        """What a step reads back, witnesses first (checked before anything is published):
+        (name, var, location, typed view of mapped memory or None, is_witness)."""
+        g = self.plan.graph
+        reads = []
+        for names, witness in ((g.validations, True), (g.exports, False)):
+            for name, v in names.items():
+                loc = self.plan.outputs[name]
+                view = self.buffers[loc.buffer].view(loc.offset, v.shape, device_numpy(v.dtype))
+                reads.append((name, v, loc, view, witness))
+        return reads
 
     def _fast_bind(self, values: Mapping[str, object]) -> list[tuple] | None:
         """The (view, array) writes of a step that needs no conversion, all checked before
@@ -238,22 +240,14 @@ class Replay:
             rec = self._res.recording
             assert rec is not None
             rec.submit(wait=True)
-            if self._fast_out is not None:
-                out = {}
-                for name, dtype, view, witness in self._fast_out:
-                    if witness:
-                        if view.any():
-                            raise GuardFailed(name, from_device(view, dtype).tolist())
-                    else:
-                        out[name] = from_device(view.copy(), dtype)
-                return out
             out = {}
-            for name, v in g.validations.items():
-                w = self._read(self.plan.outputs[name], v.shape, v.dtype)
-                if np.any(w):
-                    raise GuardFailed(name, w.tolist())
-            for name, v in g.exports.items():
-                out[name] = self._read(self.plan.outputs[name], v.shape, v.dtype)
+            for name, v, loc, view, witness in self._outs:
+                val = (from_device(view.copy(), v.dtype) if view is not None
+                       else self._read(loc, v.shape, v.dtype))
+                if not witness:
+                    out[name] = val
+                elif np.any(val):
+                    raise GuardFailed(name, val.tolist())
             return out
 
     def gpu_time_ns(self) -> float | None:
