@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from ..arena import ArenaLayout, colour, kernel_items
 from ..errors import BindingRange, DtypeLowering, UnsupportedPrimitive
-from ..ir import BF16, F16, Graph, SlotKind, Var
+from ..ir import BF16, F16, Graph, SlotKind, UseInfo, Var
 from .bindings import Binding, BufferRole, Scratch
 from .profile import DeviceProfile
 from .rules import KernelCall, KernelRequest, PlanContext, plan_rules
@@ -132,9 +132,8 @@ def _fixed_locations(
     return locs, roles, bufs
 
 
-def _check_state_order(g: Graph) -> None:
+def _check_state_order(g: Graph, info: UseInfo) -> None:
     """An eqn writing a state buffer must come after every read of the state's old value."""
-    info = g.use_info()
     for name, v in g.states.items():
         prod = info.producer.get(v)
         late = [u for u in info.users.get(g.slot(name).var, []) if prod is not None and u > prod]
@@ -152,9 +151,9 @@ def plan_graph(g: Graph, profile: DeviceProfile) -> Plan:
         for v in (*e.inputs, *e.outputs):
             if v.dtype in (F16, BF16) and not has16:
                 raise DtypeLowering(str(e.prim), v.dtype.value, "storageBuffer16BitAccess")
-        if e.prim not in plan_rules:
-            plan_rules[e.prim]  # raises UnsupportedPrimitive naming it
-    _check_state_order(g)
+        plan_rules[e.prim]  # a primitive with no rule: UnsupportedPrimitive before any work
+    info = g.use_info()  # one walk: the state-order check and the liveness both read it
+    _check_state_order(g, info)
     locs, roles, bufs = _fixed_locations(g, profile)
     ctx = PlanContext(profile, lambda a, b: a in locs and locs.get(a) == locs.get(b))
 
@@ -171,9 +170,7 @@ def plan_graph(g: Graph, profile: DeviceProfile) -> Plan:
         bufs[name] = BufferSpec(name, sc.nbytes, BufferRole.SCRATCH)
         scratch_locs[sc] = Location(name, 0, sc.nbytes)
     coloured = {s: i for s, i in scratch.items() if not s.persistent}
-    items, names = kernel_items(
-        g.use_info(), [i for i, _ in calls], fixed=set(locs), scratch=coloured
-    )
+    items, names = kernel_items(info, [i for i, _ in calls], fixed=set(locs), scratch=coloured)
     layout = colour(
         items,
         alignment=profile.min_storage_offset_alignment,
