@@ -101,24 +101,16 @@ def attention_schedule(e: Eqn, profile: DeviceProfile) -> AttentionRequest | Dec
 
 def attention_request(e: Eqn, profile: DeviceProfile) -> AttentionRequest:
     """The request for one Attention eqn: the streaming schedule for ``profile``."""
-    q, k, v, *rest = e.inputs
-    form = e.params["form"]
-    if form.kv_dtype is not F32:
-        raise DtypeLowering("Attention", form.kv_dtype.value)
-    b, hq, lq, dk = q.shape
-    hkv, lk, dv = k.shape[1], k.shape[2], v.shape[3]
-    lanes = choose_lanes(dv, profile)
-    mask = tuple(rest[0].shape[:3]) if rest else None
-    vec = 4 if dk % 4 == 0 and dv % 4 == 0 else 1
-    softcap = form.softcap
+    p = decode_problem(e)  # the shapes and score transform, read from the eqn once
+    if p.kv_dtype != F32.value:
+        raise DtypeLowering("Attention", p.kv_dtype)
     # Keys a lane takes per loop step. Measured (BENCHMARKS.md): on the H200 four keys in
     # flight per lane beat one by up to 1.3x on large batches; on lavapipe two is best (four
     # spills the 8-wide SIMD registers).
     kps = 2 if profile.device_type == "cpu" else 4
     return AttentionRequest(
-        b=b, hq=hq, hkv=hkv, lq=lq, lk=lk, dk=dk, dv=dv,
-        scale=float(form.scale),
-        softcap=None if softcap is None else float(softcap),
-        mask=mask, lanes=lanes, vec=vec,
-        grid=fold_grid(b * hq * lq, profile.max_grid), keys_per_step=kps,
+        b=p.b, hq=p.hq, hkv=p.hkv, lq=p.lq, lk=p.lk, dk=p.dk, dv=p.dv, scale=p.scale,
+        softcap=p.softcap, mask=p.mask, lanes=choose_lanes(p.dv, profile),
+        vec=4 if p.dk % 4 == 0 and p.dv % 4 == 0 else 1,
+        grid=fold_grid(p.b * p.hq * p.lq, profile.max_grid), keys_per_step=kps,
     )
