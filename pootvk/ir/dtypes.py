@@ -72,10 +72,11 @@ def is_float_array(arr: np.ndarray) -> bool:
 
 def storage_values(arr: np.ndarray, dtype: DType) -> np.ndarray:
     """Values as a ``dtype`` slot holds them in the oracle: rounded to the storage type
-    (BF16 rounded to bfloat16, then held in float32, as ``DType.numpy`` says)."""
+    (BF16 rounded to bfloat16, then held in float32, as ``DType.numpy`` says). An array
+    already of the storage type is returned as it is, not copied (K/V can be a GiB)."""
     if dtype is DType.BF16:
         return np.asarray(arr).astype(_bfloat16()).astype(np.float32)
-    return np.asarray(arr).astype(dtype.numpy)
+    return np.asarray(arr).astype(dtype.numpy, copy=False)
 
 
 def device_bytes(arr: np.ndarray, dtype: DType) -> np.ndarray:
