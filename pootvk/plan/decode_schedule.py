@@ -28,7 +28,11 @@ from .profile import DeviceProfile
 from .requests import fold_grid
 
 KV_DTYPES = ("f32", "f16", "bf16")
-KV_BYTES = {"f32": 4, "f16": 2, "bf16": 2}
+
+def kv_itemsize(kv_dtype: str) -> int:
+    """Bytes per stored K/V element (the dtype's own device size)."""
+    return DType(kv_dtype).device_itemsize
+
 
 #: Seed rules (DESIGN.md "Split-KV decode"); see choose_decode_schedule for the measured ones.
 MAX_SPLITS = 16
@@ -73,7 +77,7 @@ class _GroupShape:
 
     @property
     def kv_bytes(self) -> int:
-        return self.b * self.hkv * self.lk * (self.dk + self.dv) * KV_BYTES[self.kv_dtype]
+        return self.b * self.hkv * self.lk * (self.dk + self.dv) * kv_itemsize(self.kv_dtype)
 
 
 @dataclass(frozen=True)
@@ -375,7 +379,7 @@ def choose_decode_schedule(
     """
     ov = dict(overrides or {})
     ov_keys = frozenset(ov)
-    bytes_ = KV_BYTES[p.kv_dtype]
+    bytes_ = kv_itemsize(p.kv_dtype)
     if bytes_ == 2:
         if not profile.supports_16bit and not profile.extra.get("storage_buffer_16bit"):
             raise DtypeLowering("AttentionDecode", p.kv_dtype)
