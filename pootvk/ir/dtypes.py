@@ -20,6 +20,11 @@ class DType(Enum):
         return self in (DType.F32, DType.F16, DType.BF16)
 
     @property
+    def is_16bit(self) -> bool:
+        """Stored as 16-bit words (F16, BF16); kernels compute such values in F32."""
+        return self in (DType.F16, DType.BF16)
+
+    @property
     def is_int(self) -> bool:
         return self in (DType.I32, DType.U32)
 

@@ -16,6 +16,7 @@ from ..errors import UnsupportedPrimitive
 from ..ir import F32, CompareOp, Eqn, Graph, Literal, Params, ReduceOp, RuleTable, UnaryOp, Var
 from ..ir import prims as P
 from ..ir.bind import check_bind
+from ..ir.dtypes import storage_values
 
 EvalRule = Callable[[Sequence[np.ndarray], Params], np.ndarray]
 eval_rules: RuleTable[P.Prim, EvalRule] = RuleTable(
@@ -51,6 +52,8 @@ UNARY: dict[UnaryOp, Callable[[np.ndarray], np.ndarray]] = {
     UnaryOp.RECIP: np.reciprocal,
     UnaryOp.SIGMOID: lambda x: 1 / (1 + np.exp(-x)),
     UnaryOp.SILU: lambda x: x / (1 + np.exp(-x)),
+    UnaryOp.COS: np.cos,
+    UnaryOp.SIN: np.sin,
 }
 COMPARE: dict[CompareOp, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     CompareOp.LT: np.less, CompareOp.LE: np.less_equal, CompareOp.GT: np.greater,
@@ -143,6 +146,18 @@ def _dus(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
     return out
 
 
+@rule(P.SCATTER_UPDATE)
+def _scatter_update(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
+    """Row ``indices[n]`` of the operand becomes ``updates[n]``, in order of n (a later
+    update of the same row wins); an index outside [0, S) (-1: "no row") writes nothing."""
+    operand, indices, updates = xs
+    out = operand.copy()
+    for n, i in enumerate(indices.tolist()):
+        if 0 <= i < operand.shape[0]:
+            out[i] = updates[n]
+    return out
+
+
 @rule(P.ATTENTION)
 def _attention(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
     """The fused op, computed by the very rules of the chain it replaced (bit-identical)."""
@@ -176,13 +191,18 @@ def _attention(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
 
 
 def _literal(v: Literal) -> np.ndarray:
-    return np.asarray(v.value, dtype=v.dtype.numpy)
+    return storage_values(np.asarray(v.value), v.dtype)
 
 
 def eval_eqn(e: Eqn, args: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """One eqn; every result is held as its dtype stores it (``storage_values``): a BF16
+    result is rounded to bfloat16 once, as the device rounds it when it stores the value
+    (rules compute 16-bit operands in F32, or natively in F16, and round at the end)."""
     out = eval_rules[e.prim](args, e.params)
     outs = [out]
-    return [np.asarray(o, dtype=v.dtype.numpy) for o, v in zip(outs, e.outputs, strict=True)]
+    with np.errstate(all="ignore"):
+        return [storage_values(np.asarray(o), v.dtype)
+                for o, v in zip(outs, e.outputs, strict=True)]
 
 
 def evaluate(g: Graph, inputs: Mapping[str, object]) -> dict[str, np.ndarray]:
