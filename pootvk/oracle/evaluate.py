@@ -195,9 +195,10 @@ def _literal(v: Literal) -> np.ndarray:
 
 
 def eval_eqn(e: Eqn, args: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """One eqn; every result is held as its dtype stores it (``storage_values``): a BF16
-    result is rounded to bfloat16 once, as the device rounds it when it stores the value
-    (rules compute 16-bit operands in F32, or natively in F16, and round at the end)."""
+    """One eqn, with the device's 16-bit contract: F16/BF16 operands are computed in F32
+    (numpy's own float16 sums and products accumulate in float16) and every result is
+    held as its dtype stores it (``storage_values``), rounded to 16 bits once."""
+    args = [a.astype(np.float32) if a.dtype == np.float16 else a for a in args]
     out = eval_rules[e.prim](args, e.params)
     outs = [out]
     with np.errstate(all="ignore"):
