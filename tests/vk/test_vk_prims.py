@@ -167,7 +167,7 @@ def test_binary_compare_select_broadcast_at_rank_6(device, dt):
     assert got["Max"].shape == got["Select"].shape == (2, 3, 3, 4, 2, 5)
 
 
-@pytest.mark.parametrize("dt", [F16, BF16, I32, U32], ids=ids)
+@pytest.mark.parametrize("dt", [F32, F16, BF16, I32, U32], ids=ids)
 def test_iota_and_convert_at_every_dtype(device, dt):
     b = Builder()
     x = b.input("x", (3, 7), F32)
@@ -250,3 +250,26 @@ def test_scatter_update_in_place_and_copied(device, dt):
     ins["idx"][[0, 5, 39]] = 7  # row 7 three times: update 39 wins
     ins["idx"][1::9] = -1
     check_graph_on_device(device, g, ins, {"copied": dt, "cache": dt})
+
+
+@pytest.mark.parametrize("dt", ALL, ids=ids)
+def test_data_movement_at_every_dtype(device, dt):
+    """Transpose, Slice, Concat, Broadcast, a copied Reshape, DynamicUpdateSlice (copied
+    first) and Copy move stored words: exact at every dtype."""
+    b = Builder()
+    x, u = b.input("x", (3, 4, 5), dt), b.input("u", (2, 2, 5), dt)
+    pos = b.pos("pos", 0, 9)
+    b.export("t", b.transpose(x, (2, 0, 1)))
+    b.export("s", b.slice(x, (1, 0, 2), (3, 3, 5)))
+    b.export("c", b.concat([x, b.slice(x, (0, 0, 0), (3, 4, 2))], 2))
+    b.export("b", b.broadcast(b.slice(x, (0, 0, 0), (1, 4, 5)), (2, 3, 4, 5)))
+    b.export("r", b.reshape(x, (12, 5)))  # an input exported: a copy, not a view
+    b.export("d", b.dynamic_update_slice(x, u, (1, pos, 0)))  # clamped past 2
+    g = b.build()
+    plan = plan_graph(g, device.profile)
+    assert [k.label for k in plan.kernels][-3:] == ["Reshape", "copy", "DynamicUpdateSlice"]
+    rng = np.random.default_rng(10)
+    for p in (1, 9):
+        ins = {"x": values((3, 4, 5), dt, rng), "u": values((2, 2, 5), dt, rng),
+               "pos": np.int32(p)}
+        check_graph_on_device(device, g, ins, dict.fromkeys(g.outputs(), dt))
