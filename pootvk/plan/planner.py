@@ -98,6 +98,9 @@ class Plan:
         return "\n".join(lines)
 
 
+#: bytes: kernels may read any coloured value with 16-byte vector loads from its start
+VECTOR_ALIGN = 16
+
 SLOT_ROLES: dict[SlotKind, tuple[str, BufferRole]] = {
     SlotKind.STATE: ("state", BufferRole.STATE),
     SlotKind.PARAM: ("param", BufferRole.PARAM),
@@ -217,7 +220,8 @@ def plan_graph(g: Graph, profile: DeviceProfile) -> Plan:
                                 views=views)
     layout = colour(
         items,
-        alignment=profile.min_storage_offset_alignment,
+        # 16 at least: every coloured value starts where a 16-byte vector load may read it
+        alignment=max(profile.min_storage_offset_alignment, VECTOR_ALIGN),
         max_binding=profile.max_storage_buffer_range,
         max_buffer=min(profile.max_allocation, 1 << 32),
     )

@@ -135,7 +135,10 @@ class ReduceRequest:
     ``lanes`` lanes of one output stride its n elements (consecutive invocations take
     consecutive outputs, so an inner axis > 1 is read coalesced), then combine: through
     subgroup shuffles where ``subgroup`` (the device has them), the rest through a tree in
-    workgroup memory. 16-bit values accumulate in F32 and are rounded once at the store."""
+    workgroup memory. 16-bit values accumulate in F32 and are rounded once at the store.
+
+    ``vec`` = 4 when a row is contiguous and a multiple of 4 long: a lane loads 4
+    consecutive elements at once (16 bytes of F32/I32/U32, 8 of F16/BF16)."""
 
     op: ReduceOp
     dtype: DType
@@ -146,6 +149,7 @@ class ReduceRequest:
     lanes: int
     subgroup: bool
     grid: tuple[int, int]
+    vec: int = 1
 
     @property
     def outputs(self) -> int:
@@ -168,7 +172,7 @@ class ReduceRequest:
     def describe(self) -> str:
         return (
             f"Reduce[{self.op.value}] {self.dtype.value}[{self.outer},{self.n},{self.inner}] "
-            f"-> [{self.outer},{self.inner}] cols={self.cols} lanes={self.lanes} "
+            f"-> [{self.outer},{self.inner}] cols={self.cols} lanes={self.lanes} vec={self.vec} "
             f"{'subgroup' if self.subgroup else 'shared'} "
             f"grid={self.grid[0]}x{self.grid[1]}"
         )

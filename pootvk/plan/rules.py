@@ -148,13 +148,15 @@ def reduce_request(e: Eqn, profile: DeviceProfile) -> ReduceRequest:
     (x,), axis = e.inputs, e.params["axis"]
     outer, n, inner = math.prod(x.shape[:axis]), x.shape[axis], math.prod(x.shape[axis + 1:])
     local = _row_workgroup(profile)
+    vec = 4 if inner == 1 and n % 4 == 0 else 1  # rows start 16-byte aligned (the arena's)
     cols_min = 1 if inner == 1 else min(_pow2(inner), COALESCE, local)
-    lanes = min(_pow2(n), local // cols_min)
+    lanes = min(_pow2(n // vec), local // cols_min)
     cols = min(local // lanes, _pow2(outer * inner))
     groups = -(-outer * inner // cols)
     return ReduceRequest(
         op=e.params["op"], dtype=x.dtype, outer=outer, n=n, inner=inner, cols=cols,
         lanes=lanes, subgroup=profile.subgroup_shuffle, grid=fold_grid(groups, profile.max_grid),
+        vec=vec,
     )
 
 

@@ -16,7 +16,7 @@ are widened to F32 and the result rounded to 16 bits once.
 
 from __future__ import annotations
 
-from ..ir import BF16, BOOL, I32, U32, ReduceOp
+from ..ir import BF16, BOOL, F16, F32, I32, U32, ReduceOp
 from ..plan.requests import ReduceRequest
 from .common import (
     BF16_ROUND,
@@ -48,13 +48,38 @@ def _combine(r: ReduceRequest) -> tuple[str, str]:
     return "max(a, b)", "0u" if r.dtype is U32 else "int(0x80000000u)"
 
 
+#: ``vec`` = 4: the element type x is declared as, and the four values of one load ``w``
+VEC4 = {
+    F16: ("uvec2", ("unpackHalf2x16(w.x).x", "unpackHalf2x16(w.x).y",
+                    "unpackHalf2x16(w.y).x", "unpackHalf2x16(w.y).y")),
+    BF16: ("uvec2", ("uintBitsToFloat(w.x << 16)", "uintBitsToFloat(w.x & 0xffff0000u)",
+                     "uintBitsToFloat(w.y << 16)", "uintBitsToFloat(w.y & 0xffff0000u)")),
+    F32: ("vec4", ("w.x", "w.y", "w.z", "w.w")),
+    I32: ("ivec4", ("w.x", "w.y", "w.z", "w.w")),
+    U32: ("uvec4", ("w.x", "w.y", "w.z", "w.w")),
+    BOOL: ("uvec4", ("w.x", "w.y", "w.z", "w.w")),
+}
+
+
+def _accumulate(r: ReduceRequest) -> str:
+    """The lane's loop over its elements of the row (``vec`` at a time)."""
+    if r.vec == 1:
+        load = "x[base + j * INNER]"
+        if r.dtype.is_16bit:
+            load = to_f32(load, r.dtype)
+        return f"        for (uint j = p; j < N; j += LANES) acc = combine(acc, {load});\n"
+    elem, parts = VEC4[r.dtype]
+    step = "".join(f"            acc = combine(acc, {v});\n" for v in parts)
+    return (
+        "        for (uint j = p; j < N / 4u; j += LANES) {  // rows are contiguous\n"
+        f"            {elem} w = x[base / 4u + j];\n{step}        }}\n"
+    )
+
+
 @generators.register(ReduceRequest)
 def generate_reduce(r: ReduceRequest) -> str:
     t = compute_type(r.dtype)
     body, init = _combine(r)
-    load = "x[base + j * INNER]"
-    if r.dtype.is_16bit:
-        load = to_f32(load, r.dtype)
     store = "s_red[t]"
     if r.dtype.is_16bit:
         store = from_f32(store, r.dtype)
@@ -72,7 +97,7 @@ def generate_reduce(r: ReduceRequest) -> str:
     return (
         header(r.local_size, r.dtype.is_16bit)
         + (SUBGROUP_EXT if r.subgroup else "")
-        + declare_bindings(r.bindings())
+        + declare_bindings(r.bindings(), {"x": VEC4[r.dtype][0]} if r.vec == 4 else None)
         + (BF16_ROUND if r.dtype is BF16 else "")
         + f"const uint COLS = {r.cols}u, LANES = {r.lanes}u, N = {r.n}u, INNER = {r.inner}u;\n"
         + f"shared {t} s_red[{r.local_size}];\n"
@@ -87,7 +112,7 @@ def generate_reduce(r: ReduceRequest) -> str:
         + f"    {t} acc = {init};\n"
         + "    if (live) {\n"
         + "        uint base = (o / INNER) * (N * INNER) + o % INNER;\n"
-        + f"        for (uint j = p; j < N; j += LANES) acc = combine(acc, {load});\n"
+        + _accumulate(r)
         + "    }\n"
         + sub
         + "    // one partial per subgroup (per lane without subgroups), then a tree\n"

@@ -77,6 +77,7 @@ U32_CASES = [  # shape, axis, keepdim
     ((3, 4, 9), 1, True),
     ((3, 4, 9), 2, False),
     ((257,), 0, True),
+    ((4, 96), 1, False),  # rows read 4 elements per load
 ]
 
 
@@ -209,6 +210,7 @@ def test_reduce_f32_subgroup_and_shared_paths(device, subgroup):
     assert all(isinstance(r, ReduceRequest) and r.subgroup == profile.subgroup_shuffle
                for r in reqs)
     assert {r.cols > 1 for r in reqs} == {True, False} and max(r.lanes for r in reqs) >= 64
+    assert {r.vec for r in reqs} == {1, 4}  # (2, 1000): rows read 4 elements per load
     rng = np.random.default_rng(7)
     ins = {s.name: values(s.var.shape, F32, rng) for s in g.slots}
     ins["x0"][2, 33] = np.nan
