@@ -138,7 +138,9 @@ class ReduceRequest:
     workgroup memory. 16-bit values accumulate in F32 and are rounded once at the store.
 
     ``vec`` = 4 when a row is contiguous and a multiple of 4 long: a lane loads 4
-    consecutive elements at once (16 bytes of F32/I32/U32, 8 of F16/BF16)."""
+    consecutive elements at once (16 bytes of F32/I32/U32, 8 of F16/BF16). ``out_dtype``
+    (default ``dtype``) is what ``y`` stores: a split reduction's first pass keeps its
+    partials in the compute type (F32 for 16-bit input) and its second pass rounds them."""
 
     op: ReduceOp
     dtype: DType
@@ -150,6 +152,12 @@ class ReduceRequest:
     subgroup: bool
     grid: tuple[int, int]
     vec: int = 1
+    out_dtype: DType | None = None
+
+    @property
+    def stored(self) -> DType:
+        """The dtype ``y`` holds."""
+        return self.out_dtype or self.dtype
 
     @property
     def outputs(self) -> int:
@@ -167,12 +175,13 @@ class ReduceRequest:
         return ()
 
     def bindings(self) -> tuple[Binding, ...]:
-        return (Binding("x", Access.READ, self.dtype), Binding("y", Access.WRITE, self.dtype))
+        return (Binding("x", Access.READ, self.dtype), Binding("y", Access.WRITE, self.stored))
 
     def describe(self) -> str:
         return (
             f"Reduce[{self.op.value}] {self.dtype.value}[{self.outer},{self.n},{self.inner}] "
-            f"-> [{self.outer},{self.inner}] cols={self.cols} lanes={self.lanes} vec={self.vec} "
+            f"-> {self.stored.value}[{self.outer},{self.inner}] cols={self.cols} "
+            f"lanes={self.lanes} vec={self.vec} "
             f"{'subgroup' if self.subgroup else 'shared'} "
             f"grid={self.grid[0]}x{self.grid[1]}"
         )

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..errors import UnsupportedPrimitive
-from ..ir import F32, U32, Eqn, Literal, Params, Prim, RuleTable, Var
+from ..ir import F32, U32, DType, Eqn, Literal, Params, Prim, ReduceOp, RuleTable, Var
 from ..ir import prims as P
 from .bindings import Scratch
 from .decode_schedule import DecodeCombineRequest, DecodeRequest
@@ -140,13 +140,14 @@ def _row_workgroup(profile: DeviceProfile) -> int:
     return 1 << (cap.bit_length() - 1)
 
 
-def reduce_request(e: Eqn, profile: DeviceProfile) -> ReduceRequest:
-    """The reduction's layout: lanes per output up to the reduced length (a power of two,
-    at most a workgroup), and the rest of the workgroup on neighbouring outputs: at least
-    ``COALESCE`` of them when the reduced axis is not the last, so a warp's loads are
-    consecutive; never more outputs than exist."""
-    (x,), axis = e.inputs, e.params["axis"]
-    outer, n, inner = math.prod(x.shape[:axis]), x.shape[axis], math.prod(x.shape[axis + 1:])
+def reduce_request(
+    op: ReduceOp, dtype: DType, outer: int, n: int, inner: int, profile: DeviceProfile,
+    out_dtype: DType | None = None,
+) -> ReduceRequest:
+    """The layout of one reduction pass over [outer, n, inner]: lanes per output up to the
+    reduced length (a power of two, at most a workgroup), and the rest of the workgroup on
+    neighbouring outputs: at least ``COALESCE`` of them when the reduced axis is not the
+    last, so a warp's loads are consecutive; never more outputs than exist."""
     local = _row_workgroup(profile)
     vec = 4 if inner == 1 and n % 4 == 0 else 1  # rows start 16-byte aligned (the arena's)
     cols_min = 1 if inner == 1 else min(_pow2(inner), COALESCE, local)
@@ -154,16 +155,51 @@ def reduce_request(e: Eqn, profile: DeviceProfile) -> ReduceRequest:
     cols = min(local // lanes, _pow2(outer * inner))
     groups = -(-outer * inner // cols)
     return ReduceRequest(
-        op=e.params["op"], dtype=x.dtype, outer=outer, n=n, inner=inner, cols=cols,
-        lanes=lanes, subgroup=profile.subgroup_shuffle, grid=fold_grid(groups, profile.max_grid),
-        vec=vec,
+        op=op, dtype=dtype, outer=outer, n=n, inner=inner, cols=cols, lanes=lanes,
+        subgroup=profile.subgroup_shuffle, grid=fold_grid(groups, profile.max_grid), vec=vec,
+        out_dtype=None if out_dtype in (None, dtype) else out_dtype,
     )
+
+
+#: a reduction this large (elements) whose outputs fill too few workgroups is split
+SPLIT_MIN_ELEMENTS = 1 << 18
+#: elements of a row one split workgroup reduces at least
+SPLIT_MIN_CHUNK = 2048
+
+
+def reduce_splits(groups: int, n: int, total: int, profile: DeviceProfile) -> int:
+    """Chunks to cut each reduced row into (a divisor of n, so each chunk is a plain row of
+    a [outer * splits, n / splits, inner] view): 1 unless the single pass fills fewer than
+    two workgroups per compute unit; then the first that does, or the most that keep
+    chunks of ``SPLIT_MIN_CHUNK``."""
+    target = 2 * (profile.compute_units or 16)
+    if groups >= target or total < SPLIT_MIN_ELEMENTS:
+        return 1
+    best = 1
+    for s in range(2, n // SPLIT_MIN_CHUNK + 1):
+        if n % s == 0:
+            best = s
+            if groups * s >= target:
+                break
+    return best
 
 
 @plan_rules.register(P.REDUCE)
 def _reduce(e: Eqn, ctx: PlanContext) -> RuleResult:
-    req = reduce_request(e, ctx.profile)
-    return RuleResult([KernelCall(req, (e.inputs[0], e.out), str(e.prim))])
+    """One pass; or, for a few long rows, two: chunk partials (in the compute type, F32 for
+    16-bit input, declared scratch) then the partials of each row."""
+    (x,), axis, op = e.inputs, e.params["axis"], e.params["op"]
+    outer, n, inner = math.prod(x.shape[:axis]), x.shape[axis], math.prod(x.shape[axis + 1:])
+    one = reduce_request(op, x.dtype, outer, n, inner, ctx.profile)
+    splits = reduce_splits(one.workgroups, n, x.size, ctx.profile)
+    if splits == 1:
+        return RuleResult([KernelCall(one, (x, e.out), str(e.prim))])
+    acc = F32 if x.dtype.is_16bit else x.dtype
+    part = Scratch(outer * splits * inner, acc, "partials")
+    first = reduce_request(op, x.dtype, outer * splits, n // splits, inner, ctx.profile, acc)
+    second = reduce_request(op, acc, outer, splits, inner, ctx.profile, x.dtype)
+    return RuleResult([KernelCall(first, (x, part), str(e.prim)),
+                       KernelCall(second, (part, e.out), str(e.prim))], [part])
 
 
 @plan_rules.register(P.SCATTER_UPDATE)

@@ -11,7 +11,8 @@ at run time (``gl_SubgroupSize``), so one kernel serves any size the driver pick
 Max propagates NaN as numpy does (GLSL's max need not) and starts from -inf; integer Max
 starts from the type's smallest value (-2**31, or 0 for U32); integer Sum wraps. Bool
 Max and Sum are both "any" (numpy's Bool sum is nonzero exactly then). F16/BF16 elements
-are widened to F32 and the result rounded to 16 bits once.
+are widened to F32 and the result rounded to 16 bits once, when it is stored: a split
+reduction's first pass stores F32 partials, its second pass reads F32 and rounds.
 """
 
 from __future__ import annotations
@@ -81,8 +82,8 @@ def generate_reduce(r: ReduceRequest) -> str:
     t = compute_type(r.dtype)
     body, init = _combine(r)
     store = "s_red[t]"
-    if r.dtype.is_16bit:
-        store = from_f32(store, r.dtype)
+    if r.stored.is_16bit:
+        store = from_f32(store, r.stored)
     if r.subgroup:
         lane = "gl_SubgroupID * gl_SubgroupSize + gl_SubgroupInvocationID"
         sub = (
@@ -95,10 +96,10 @@ def generate_reduce(r: ReduceRequest) -> str:
     else:
         lane, sub = "gl_LocalInvocationID.x", "    uint per_sub = 1u;\n"
     return (
-        header(r.local_size, r.dtype.is_16bit)
+        header(r.local_size, r.dtype.is_16bit or r.stored.is_16bit)
         + (SUBGROUP_EXT if r.subgroup else "")
         + declare_bindings(r.bindings(), {"x": VEC4[r.dtype][0]} if r.vec == 4 else None)
-        + (BF16_ROUND if r.dtype is BF16 else "")
+        + (BF16_ROUND if r.stored is BF16 else "")
         + f"const uint COLS = {r.cols}u, LANES = {r.lanes}u, N = {r.n}u, INNER = {r.inner}u;\n"
         + f"shared {t} s_red[{r.local_size}];\n"
         + f"{t} combine({t} a, {t} b) {{ return {body}; }}\n"

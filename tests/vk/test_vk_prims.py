@@ -275,3 +275,29 @@ def test_data_movement_at_every_dtype(device, dt):
         ins = {"x": values((3, 4, 5), dt, rng), "u": values((2, 2, 5), dt, rng),
                "pos": np.int32(p)}
         check_graph_on_device(device, g, ins, dict.fromkeys(g.outputs(), dt))
+
+
+@pytest.mark.parametrize("dt", [F32, BF16, I32, BOOL], ids=ids)
+def test_split_reduction_of_few_long_rows(device, dt):
+    """Few outputs over long rows fill too few workgroups: two passes, the chunks'
+    partials (F32 for 16-bit input) in declared scratch, then each row's partials."""
+    b = Builder()
+    x, y = b.input("x", (2, 1 << 17), dt), b.input("y", (1 << 17, 3), dt)
+    for op in ReduceOp:
+        b.export(f"{op.value}_rows", b.reduce(op, x, 1, keepdim=False))
+        b.export(f"{op.value}_cols", b.reduce(op, y, 0))
+    g = b.build()
+    plan = plan_graph(g, device.profile.with_(compute_units=2))
+    reqs = [k.request for k in plan.kernels]
+    assert len(reqs) == 8 and all(isinstance(r, ReduceRequest) for r in reqs)
+    acc = F32 if dt is BF16 else dt
+    assert all(r.stored is acc and r.n < 1 << 17 for r in reqs[::2])  # chunk partials
+    assert all(r.dtype is acc and r.stored is dt for r in reqs[1::2])
+    rng = np.random.default_rng(13)
+    ins = {"x": values((2, 1 << 17), dt, rng), "y": values((1 << 17, 3), dt, rng)}
+    if dt is F32:
+        ins["x"][1, 99999] = np.nan
+    got = check_graph_on_device(device, g, ins, dict.fromkeys(g.outputs(), dt),
+                                device.profile.with_(compute_units=2), atol32=0.05)
+    if dt is F32:
+        assert np.isnan(got["Max_rows"][1]) and np.isnan(got["Sum_rows"][1])
