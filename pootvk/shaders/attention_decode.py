@@ -137,7 +137,7 @@ def generate_decode_partial(r: DecodeRequest) -> str:
         binds.append(_buffer(nb, "mask", "float", readonly=True))
         nb += 1
     if r.live_len:
-        binds.append(_buffer(nb, "lens", "uint", readonly=True))
+        binds.append(_buffer(nb, "lens", "int", readonly=True))
         nb += 1
     fused = split and r.fused_combine
     if fused:
@@ -189,7 +189,9 @@ def generate_decode_partial(r: DecodeRequest) -> str:
     emit(f"uint li = lane % {LPK}u;  // lane within its key group")
     emit(f"uint gi = lane / {LPK}u;  // key group")
     if r.live_len:
-        emit("uint LK = min(lens[0], LK_CAP);")
+        # row b's live length, clamped so no length reads outside the buffers; the grid
+        # does not depend on it: a split past it gets an empty chunk (the neutral partial)
+        emit("uint LK = uint(clamp(lens[b], 0, int(LK_CAP)));")
     else:
         emit("uint LK = LK_CAP;")
     if split:
