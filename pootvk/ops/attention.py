@@ -259,7 +259,10 @@ def trace_decode_step(
             raise ShapeError(f"the live form is a decode step (q_rows == 1), got {q_rows}")
         kc2 = b.dynamic_update_slice(kc, k_new, (0, 0, pos, 0))
         vc2 = b.dynamic_update_slice(vc, v_new, (0, 0, pos, 0))
-        length = b.broadcast(b.add(pos, 1), (batch,))
+        # len = pos + 1 for every row, as one Add of pos and a [B] of ones (folded to a
+        # constant at compile time: one scalar-sized kernel per step)
+        ones = b.add(b.mul(b.iota((batch,), axis=0), 0), 1)
+        length = b.add(pos, ones)
         out = attention_live(b, q, kc2, vc2, length, mask=mask, scale=scale, softcap=softcap)
     else:
         fn = attention_masked if q_rows == 1 else attention_prefill
