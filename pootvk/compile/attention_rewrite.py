@@ -41,21 +41,24 @@ from ..ir import (
     Var,
     type_eqn,
 )
-from ..ir.prims import COMPARE, IOTA, SELECT, CompareOp
 from ..ir.attention_form import mask_bcast
 from ..ir.prims import (
     ADD,
     ATTENTION,
     BROADCAST,
+    COMPARE,
     CONVERT,
     DIV,
+    IOTA,
     MATMUL,
     MUL,
     REDUCE,
     RESHAPE,
+    SELECT,
     SUB,
     TRANSPOSE,
     UNARY,
+    CompareOp,
 )
 from .canonicalize import dead_code_elimination
 from .ranges import value_ranges

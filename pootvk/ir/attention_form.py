@@ -1,9 +1,10 @@
 """The Attention form as data: one frozen record and the one validator everybody calls.
 
 An ``AttentionForm`` names everything a fused attention computes besides its operands'
-shapes: the mask kind (none, or an additive mask with its broadcast axes), the live length (an
-I32 ``len [B]`` operand: keys at ``t >= len[b]`` are never visited), the key layout (dense, split, paged), the K/V storage dtype, the scale, the softcap and the
-GQA ratio. ``pootvk.attention``, the tracer and the shape rule all validate through
+shapes: the mask kind (none, or an additive mask with its broadcast axes), the live length
+(an I32 ``len [B]`` operand: keys at ``t >= len[b]`` are never visited), the key layout
+(dense, split, paged), the K/V storage dtype, the scale, the softcap and the GQA ratio.
+``pootvk.attention``, the tracer and the shape rule all validate through
 :func:`check_attention`, so a shape is refused with the same message wherever it enters.
 
 Adding a form: add the enum member, teach :func:`check_attention` its operands, then give

@@ -14,6 +14,6 @@ from .attention import (
 from .builder import Builder
 
 __all__ = [
-    "Builder", "attention_core", "attention_live", "attention_masked", "attention_prefill", "causal_mask",
-    "repeat_kv", "softmax", "trace_attention", "trace_decode_step",
+    "Builder", "attention_core", "attention_live", "attention_masked", "attention_prefill",
+    "causal_mask", "repeat_kv", "softmax", "trace_attention", "trace_decode_step",
 ]

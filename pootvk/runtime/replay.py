@@ -163,7 +163,7 @@ class Replay:
         return out
 
     def _clear_witnesses(self) -> None:
-        for name, v, loc, view, witness in self._outs:
+        for _name, v, loc, view, witness in self._outs:
             if not witness:
                 continue
             if view is not None:
