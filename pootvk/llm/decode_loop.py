@@ -138,6 +138,21 @@ class DecodeLoop:
         with self._lock:
             return self._replay.read_state("v_cache")
 
+    def seek(self, position: int, k_cache: np.ndarray | None = None,
+             v_cache: np.ndarray | None = None) -> None:
+        """Continue at ``position`` (the next step writes there), optionally over given cache
+        contents (e.g. a restored prefix; checked in full before anything is written)."""
+        _, _, _, _, _, cap = self.shape
+        if int(position) < 0:
+            raise InvalidArgument("position", f"an int in [0, {cap}]", position)
+        if int(position) > cap:
+            raise CapacityExceeded(int(position), 0, cap)
+        with self._lock:
+            for name, arr in (("k_cache", k_cache), ("v_cache", v_cache)):
+                if arr is not None:
+                    self._replay.set_state(name, arr)
+            self.position = int(position)
+
     def reset(self) -> None:
         """Start a new sequence: position 0, caches zeroed."""
         with self._lock:  # never between another thread's step and its increment
