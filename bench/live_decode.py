@@ -13,10 +13,11 @@ by GPU timestamps over its whole recording (cache writes, length, attention):
 
 Each row gives the bytes the step's attention actually reads (K/V of the visited keys; the
 capacity form reads every slot plus its mask), the time that many bytes take at the read
-ceiling, and the fraction of the ceiling reached. The caches hold random values (a zeroed
-buffer can read faster than DRAM allows on GPUs that compress memory). The live and capacity
-outputs of the same step are compared (normalised squared error). ``--quick``: a small
-shape for lavapipe.
+ceiling, and the fraction of the ceiling reached ("L2": the bytes fit the H200's 60 MB L2,
+so back-to-back steps may read the cache and pass the ceiling). The caches hold random
+values (a zeroed buffer can read faster than DRAM allows on GPUs that compress memory). The
+live and capacity outputs of the same step are compared (normalised squared error).
+``--quick``: a small shape for lavapipe.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pootvk.benchmark import read_ceiling  # noqa: E402
+from pootvk.benchmark import L2_FIT_BYTES, read_ceiling  # noqa: E402
 from pootvk.llm import DecodeLoop  # noqa: E402
 from pootvk.runtime import resolve_device  # noqa: E402
 
@@ -90,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     def row(mode: str, n: int, gpu: float, wall: float, nbytes: int) -> list[str]:
         at_ceiling = nbytes / ceil.gbps / 1e3  # gbps is bytes per ns
         return [mode, str(n), f"{gpu:.1f}", f"{wall:.1f}", f"{nbytes / 1e6:.2f}",
-                f"{at_ceiling:.1f}", f"{at_ceiling / gpu:.2f}"]
+                "yes" if nbytes <= L2_FIT_BYTES else "no", f"{at_ceiling:.1f}",
+                f"{at_ceiling / gpu:.2f}"]
 
     rows, res = [], {}
     for live in (True, False):
@@ -105,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
                 nbytes = n * kv_row if live else cap * kv_row + cap * 4
                 res[(live, n)] = (gpu, out)
                 rows.append(row("live" if live else "capacity", n, gpu, wall, nbytes))
-    head = ["form", "keys", "step GPU us", "step wall us", "attention MB read",
+    head = ["form", "keys", "step GPU us", "step wall us", "attention MB read", "L2",
             "us at ceiling", "fraction of ceiling"]
     print()
     print("| " + " | ".join(head) + " |")

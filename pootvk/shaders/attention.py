@@ -20,7 +20,11 @@ first call at D=128 took 40 s on lavapipe from Mesa 25.0.7 (3.5 s on Mesa 22.3);
 The key count Lk is a push constant, so one SPIR-V module and one driver pipeline serve
 every length.
 
-Bindings: the request's ``bindings()`` (q, k, v, [mask], o); with ``vec == 4`` q/k/v/o are
+With ``live`` the request binds ``len`` (I32 [B]): row b's loop visits keys
+``t < clamp(len[b], 0, Lk)`` only (``live_bound``); Lk stays the K/V row stride, and the
+grid and recording do not depend on the length.
+
+Bindings: the request's ``bindings()`` (q, k, v, [mask], [len], o); with ``vec == 4`` q/k/v/o are
 read as vec4. The kernel is composed of named parts that later schedules reuse: bindings,
 indexing (which rows a workgroup owns), the score transform (scale, softcap, mask), the
 online update (running max, denominator, accumulator), the fold across lanes, and the

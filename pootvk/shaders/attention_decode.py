@@ -21,7 +21,9 @@ the oracle: a NaN score makes p, hence l and o, NaN (GLSL's max may drop it from
 fold treats a NaN l as NaN even where m is -inf); a value row is multiplied by its weight,
 so a non-finite value row poisons the row as the oracle's matmul does, while the clamped
 reads of keys past the chunk are zeroed and never contribute. The key count Lk is a push
-constant.
+constant. With ``live_len`` row b's keys end at ``clamp(len[b], 0, Lk)`` (an I32 [B]
+buffer): the split chunks are cut from that live length, so a split past it has an empty
+chunk and writes the neutral partial; the grid does not change.
 
 Combine kernel: one invocation per output element, ``out = sum_i o_i exp(m_i - M) /
 sum_i l_i exp(m_i - M)``.

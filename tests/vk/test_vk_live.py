@@ -168,3 +168,26 @@ def test_decode_loop_live_by_default_and_capacity_on_request(device):
         ref = reference_attention(s[0], kc[:, :, : i + 1], vc[:, :, : i + 1])
         assert_close(outs[True][i], ref)
         assert_close(outs[False][i], ref)
+
+
+@pytest.mark.parametrize("schedule", ["streaming", "grouped", "split7"])
+def test_live_with_an_additive_mask_and_several_query_rows(device, schedule):
+    """The live bound is orthogonal to an additive (ALiBi) mask, and bounds every query row
+    of a batch row alike (Lq = 3)."""
+    rng = np.random.default_rng(11)
+    b, hq, hkv, lq, lk, d = 3, 4, 2, 3, 257, 40
+    q = rng.standard_normal((b, hq, lq, d), dtype=np.float32)
+    k = rng.standard_normal((b, hkv, lk, d), dtype=np.float32)
+    v = rng.standard_normal((b, hkv, lk, d), dtype=np.float32)
+    slopes = 2.0 ** (-8.0 * np.arange(1, hq + 1) / hq)
+    alibi = (slopes[:, None, None] * (np.arange(lk) - lk + 1)[None, None, :])[None]
+    alibi = np.broadcast_to(alibi, (1, hq, lq, lk)).astype(np.float32)
+    lengths = np.array([5, lk, 129])
+    live = np.where(np.arange(lk)[None, :] < lengths[:, None], 0.0, -np.inf)
+    ref = reference_attention(q, k, v, alibi + live[:, None, None, :])
+    for i, n in enumerate(lengths):
+        k[i, :, n:] = np.inf
+        v[i, :, n:] = np.nan
+    with forced_schedule(**SCHEDULES[schedule]):
+        got = pootvk.attention(q, k, v, mask=alibi, lengths=lengths, device=device)
+    assert_close(got, ref)
