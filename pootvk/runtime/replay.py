@@ -29,6 +29,7 @@ from ..errors import BindError, Closed, GuardFailed
 from ..ir import DType, SlotKind
 from ..ir.bind import check_bind
 from ..ir.dtypes import device_bytes, device_numpy, from_device
+from ..ir.prims import INDEX_GUARD
 from ..plan import BufferRole, Location, Plan
 from ..vk import Buffer, BufferRange, Device, Dispatch, Recorder, Recording
 
@@ -158,8 +159,8 @@ class Replay:
         out: dict[str, tuple[int, int] | None] = {}
         for name, v in g.validations.items():
             e = prod.get(v)
-            out[name] = (e.params["lo"], e.params["hi"]) if e is not None and \
-                "lo" in e.params else None
+            guard = e is not None and e.prim is INDEX_GUARD
+            out[name] = (e.params["lo"], e.params["hi"]) if guard else None  # type: ignore[union-attr]
         return out
 
     def _clear_witnesses(self) -> None:
