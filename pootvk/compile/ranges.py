@@ -142,11 +142,16 @@ def gate_state_writes(g: Graph) -> Graph:
     writers = {info.producer[v] for v in g.states.values() if v in info.producer}
     if not witnesses or not writers:
         return g
-    for i in writers:
-        e = g.eqns[i]
-        if e.prim is not P.DYNAMIC_UPDATE_SLICE:
+    for name, v in g.states.items():
+        i = info.producer.get(v)
+        e = None if i is None else g.eqns[i]
+        # in place over the state's own buffer: a gated write leaves it as it was (a DUS over
+        # another value would first copy that value over the state, ungated)
+        if e is not None and (e.prim is not P.DYNAMIC_UPDATE_SLICE
+                              or e.inputs[0] is not g.slot(name).var):
             raise UnsupportedPrimitive(
-                str(e.prim), "a state written by it cannot be gated by the step's index guards")
+                str(e.prim), f"state {name!r} is not updated in place by a DynamicUpdateSlice: "
+                "its write cannot be gated by the step's index guards")
     # the guards and everything they read run first, in their order
     first: set[int] = set()
     stack = [info.producer[w] for w in witnesses]

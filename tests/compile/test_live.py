@@ -140,3 +140,10 @@ def test_state_writes_are_gated_or_refused():
     b2.set_state("kc", kc2)
     with pytest.raises(UnsupportedPrimitive, match="same step"):
         gate_state_writes(b2.build())
+
+    b3 = Builder()  # a state not updated in place by a DynamicUpdateSlice
+    s = b3.state("s", (4,))
+    b3.set_state("s", b3.add(s, 1.0))
+    b3.export("g", b3.index_guard(b3.input("i", (1,), I32), 0, 3, "i_ok"))
+    with pytest.raises(UnsupportedPrimitive, match="in place"):
+        gate_state_writes(b3.build())
