@@ -62,7 +62,7 @@ def reference(q, k64, v64, mask, scale, softcap, live=None):
         s = s + mask.astype(np.float64)
     if live is not None:  # one length per batch row (an int: the same for every row)
         for b, n in enumerate(np.broadcast_to(live, (s.shape[0],))):
-            s[b, ..., max(int(n), 0):] = -np.inf
+            s[b, ..., min(max(int(n), 0), s.shape[-1]):] = -np.inf
     with np.errstate(invalid="ignore"):
         m = s.max(-1, keepdims=True)
         e = np.exp(s - m)
@@ -262,6 +262,15 @@ def test_live_length_from_a_buffer(device, splits):
     writes the neutral partial (one recording, any length)."""
     case(device, b=3, hq=8, hkv=2, lk=1000, dk=64, dv=64, splits=splits,
          live=np.array([517, 1, 1000]), mask="alibi")
+
+
+@pytest.mark.parametrize("splits", [1, 7])
+def test_live_length_is_clamped_into_0_to_lk(device, splits):
+    """A length below 0 or past Lk reads nothing outside the buffers: clamped to 0 (no key:
+    0/0 = NaN, as the reference) or to Lk (every key)."""
+    _, got = case(device, b=4, hq=4, hkv=2, lk=300, dk=32, dv=32, splits=splits,
+                  live=np.array([-3, 0, 305, 2**31 - 1]))
+    assert np.isnan(got[:2]).all() and np.isfinite(got[2:]).all()
 
 
 def test_row_blocks(device):

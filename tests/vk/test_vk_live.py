@@ -191,3 +191,32 @@ def test_live_with_an_additive_mask_and_several_query_rows(device, schedule):
     with forced_schedule(**SCHEDULES[schedule]):
         got = pootvk.attention(q, k, v, mask=alibi, lengths=lengths, device=device)
     assert_close(got, ref)
+
+
+@pytest.mark.parametrize("schedule", ["streaming", "split7"])
+def test_a_fused_live_eqn_clamps_any_length(device, schedule):
+    """An Attention eqn built by hand over an unguarded length: the kernels clamp it into
+    0..=Lk and agree with the fused oracle rule (nothing read outside the buffers)."""
+    from pootvk.ir import AttentionForm, new_eqn
+
+    b, lk = 4, 150
+    bb = Builder()
+    q = bb.input("q", (b, 4, 1, 16))
+    k = bb.input("k", (b, 2, lk, 16))
+    v = bb.input("v", (b, 2, lk, 16))
+    n = bb.input("n", (b,), I32)
+    e = new_eqn(P.ATTENTION, [q, k, v, n], form=AttentionForm(scale=0.25, n_rep=2, live=True))
+    bb.eqns.append(e)
+    bb.export("out", e.out)
+    g = bb.build()
+    rng = np.random.default_rng(5)
+    ins = {s.name: rng.standard_normal(s.var.shape, dtype=np.float32)
+           for s in g.slots if s.var.dtype is F32}
+    ins["n"] = np.array([-3, 0, lk + 5, 2**31 - 1], np.int32)
+    ref = evaluate(g, ins)["out"]
+    with forced_schedule(**SCHEDULES[schedule]):
+        plan = plan_graph(g, device.profile)
+    with Replay(device, plan, compile_plan(plan)) as rp:
+        got = rp.step(ins)["out"]
+    assert np.isnan(ref[:2]).all() and np.isfinite(ref[2:]).all()
+    assert_close(got, ref.astype(np.float64))
