@@ -93,13 +93,15 @@ def _bound(req: PrimRequest, inputs: tuple[Var, ...]) -> tuple[Var, ...]:
 
 @plan_rules.register(
     *P.BINARY, P.UNARY, P.COMPARE, P.SELECT, P.CONVERT, P.IOTA, P.BROADCAST,
-    P.TRANSPOSE, P.SLICE, P.CONCAT, P.MATMUL, P.COPY,
+    P.TRANSPOSE, P.SLICE, P.CONCAT, P.MATMUL, P.COPY, P.INDEX_GUARD,
 )
 def _elementwise(e: Eqn, ctx: PlanContext) -> RuleResult:
-    """One invocation per output element. F16/BF16 operands are read 16-bit and computed
-    in F32 (the planner refuses them on a device without 16-bit storage)."""
-    req = prim_request(e.prim, e.inputs, e.out, e.params, e.out.size, ctx.profile)
-    return RuleResult([KernelCall(req, (*_bound(req, e.inputs), e.out), str(e.prim))])
+    """One invocation per (first) output element; IndexGuard also binds its witness.
+    F16/BF16 operands are read 16-bit and computed in F32 (the planner refuses them on a
+    device without 16-bit storage)."""
+    out = e.outputs[0]
+    req = prim_request(e.prim, e.inputs, out, e.params, out.size, ctx.profile)
+    return RuleResult([KernelCall(req, (*_bound(req, e.inputs), *e.outputs), str(e.prim))])
 
 
 @plan_rules.register(P.RESHAPE)
