@@ -70,6 +70,8 @@ class Plan:
     locations: dict[Var, Location]
     arena: ArenaLayout
     outputs: dict[str, Location] = field(default_factory=dict)
+    #: eqn index -> location, for each Reshape that runs no kernel (a view of its operand)
+    views: dict[int, Location] = field(default_factory=dict)
 
     @property
     def key(self) -> tuple:
@@ -91,6 +93,9 @@ class Plan:
             )
             lines.append(f"  k{i} [eqn {k.eqn}] {k.request.describe()}")
             lines.append(f"       binds {ops}")
+        for i, loc in self.views.items():
+            out = self.graph.eqns[i].out
+            lines.append(f"  view [eqn {i}] Reshape -> {out.aval()} shares {loc} (no kernel)")
         lines.append("buffers:")
         for b in self.buffers.values():
             lines.append(f"  {b.name:<20} {b.role.value:<7} {b.nbytes:>12d} B")
@@ -265,4 +270,5 @@ def plan_graph(g: Graph, profile: DeviceProfile) -> Plan:
                 bound.append(BoundOperand(b, locs[op], roles[op]))
         kernels.append(Kernel(c.request, tuple(bound), i, c.label))
     outputs = {name: locs[v] for name, v in g.outputs().items()}
-    return Plan(g, profile, kernels, bufs, locs, layout, outputs)
+    shown = {info.producer[v]: locs[v] for v in views}
+    return Plan(g, profile, kernels, bufs, locs, layout, outputs, dict(sorted(shown.items())))

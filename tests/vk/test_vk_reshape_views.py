@@ -36,6 +36,7 @@ def test_reshape_then_add_runs_no_reshape_kernel(device, dt):
     plan = plan_graph(g, device.profile)
     assert [k.label for k in plan.kernels] == ["Unary", "Add"]
     assert plan.locations[w] == plan.locations[v]  # the same bytes
+    assert f"view [eqn 1] Reshape -> {dt.value}[2,12] shares {plan.locations[v]}" in str(plan)
     rng = np.random.default_rng(1)
     check(device, g, {"x": values((4, 6), dt, rng), "c": values((12,), dt, rng)}, dt)
 
