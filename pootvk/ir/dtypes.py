@@ -30,7 +30,8 @@ class DType(Enum):
 
     @property
     def numpy(self) -> np.dtype:
-        """The numpy dtype the oracle computes in (BF16 is emulated in F32)."""
+        """The numpy dtype the oracle holds values in (BF16 emulated in F32). The oracle
+        computes F16/BF16 operands in F32 and rounds each result once, as kernels do."""
         return np.dtype(_NUMPY[self])
 
     @property
