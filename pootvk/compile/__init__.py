@@ -5,9 +5,11 @@ from __future__ import annotations
 from ..ir import Graph, check_graph
 from .attention_rewrite import attention_rewrite
 from .canonicalize import canonicalize, dead_code_elimination
+from .matmul_fold import matmul_fold
 from .simplify import cse, fold_constants
 
-PASSES = (canonicalize, cse, fold_constants, attention_rewrite, canonicalize)
+# the matmul fold runs after the attention rewrite, which matches the traced q @ k^T
+PASSES = (canonicalize, cse, fold_constants, attention_rewrite, matmul_fold, canonicalize)
 
 
 def compile_graph(g: Graph, *, check: bool = True) -> Graph:
@@ -23,5 +25,5 @@ def compile_graph(g: Graph, *, check: bool = True) -> Graph:
 
 __all__ = [
     "attention_rewrite", "canonicalize", "compile_graph", "cse", "dead_code_elimination",
-    "fold_constants",
+    "fold_constants", "matmul_fold",
 ]

@@ -16,8 +16,9 @@ import numpy as np
 
 from ..errors import ShapeError
 from .attention_form import AttentionForm, check_form_operands
-from .dtypes import BOOL, I32, DType
+from .dtypes import BOOL, F32, I32, DType
 from .graph import Eqn, Graph, Literal, Params, Var
+from .linear_form import LinearForm, check_linear_operands
 from .rules import RuleTable
 
 Aval = tuple[tuple[int, ...], DType]
@@ -111,6 +112,8 @@ MATMUL = Prim("MatMul", 2)
 REDUCE = Prim("Reduce", 1, op=ReduceOp, axis=int, keepdim=bool)
 DYNAMIC_UPDATE_SLICE = Prim("DynamicUpdateSlice", None)
 ATTENTION = Prim("Attention", None, fused=True, form=AttentionForm)
+#: ``a @ op(w)`` with w read in its stored layout and dtype (compile.matmul_fold makes it)
+LINEAR = Prim("Linear", 2, fused=True, form=LinearForm)
 
 shape_rules: RuleTable[Prim, ShapeRule] = RuleTable(
     "shape", lambda p, why: ShapeError(f"{why} for primitive {p}")
@@ -264,6 +267,12 @@ def _dus(xs: Sequence[Var], p: Params) -> list[Aval]:
 def _attention(xs: Sequence[Var], p: Params) -> list[Aval]:
     shape, dt = check_form_operands(p["form"], [x.shape for x in xs], [x.dtype for x in xs])
     return [(shape, dt)]
+
+
+@rule(LINEAR)
+def _linear(xs: Sequence[Var], p: Params) -> list[Aval]:
+    a, b = xs
+    return [(check_linear_operands(p["form"], (a.shape, a.dtype), (b.shape, b.dtype)), F32)]
 
 
 def type_eqn(prim: Prim, inputs: Sequence[Var], params: Mapping[str, Any]) -> list[Aval]:
