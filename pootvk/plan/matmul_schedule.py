@@ -224,7 +224,9 @@ def choose_matmul(
         kind = MatMulKind.GEMM if m > GEMV_MAX_ROWS else (
             MatMulKind.GEMV_T if transpose_b else MatMulKind.GEMV_N)
     if kind is not MatMulKind.GEMM and (kind is MatMulKind.GEMV_T) != transpose_b:
-        raise ShapeError(f"{kind.value} reads b {'un' if transpose_b else ''}transposed")
+        need = "[N, K]" if kind is MatMulKind.GEMV_T else "[K, N]"
+        raise ShapeError(f"{kind.value} reads b stored {need}; this b is stored "
+                         f"{'[N, K]' if transpose_b else '[K, N]'}")
     base = MatMulRequest(kind=kind, batch=batch, a_strides=sa, b_strides=sb, m=m, k=k, n=n,
                          transpose_b=transpose_b, b_dtype=b_dtype, vec=1, lanes=1, groups=1,
                          subgroup=profile.subgroup_shuffle,

@@ -5,15 +5,13 @@ import shutil
 import subprocess
 
 from pootvk.compile import canonicalize, compile_graph
-from pootvk.ir import PRIMS, shape_rules
-from pootvk.ops import trace_attention, trace_decode_step
+from pootvk.ir import BF16, F16, F32, PRIMS, shape_rules
+from pootvk.ops import Builder, trace_attention, trace_decode_step
 from pootvk.oracle import eval_rules
 from pootvk.plan import forced_schedule, plan_graph, plan_rules, recorded_profile, recorded_profiles
-from pootvk.ir import BF16, F16, F32
-from pootvk.ops import Builder
 from pootvk.shaders.compiler import compile_glsl
-from pootvk.shaders.matmul import KERNEL_PRIMS
 from pootvk.shaders.generate import generate
+from pootvk.shaders.matmul import KERNEL_PRIMS
 from pootvk.shaders.prims import glsl_rules
 from pootvk.shaders.readbw import generate_read
 
