@@ -153,7 +153,7 @@ def variants(layout: str, quick: bool) -> list[dict]:
     out = []
     if layout == "kn":
         for lanes in (1, 2, 4, 8):
-            for wg in ((64,) if quick else (256, 512)):
+            for wg in ((64,) if quick else (256, 512, 1024)):
                 for unroll in ((2,) if quick else (4, 8)):
                     out.append({"kind": "gemv_n", "lanes": lanes, "groups": wg // lanes,
                                 "unroll": unroll})

@@ -52,9 +52,17 @@ GEMV_MAX_ROWS = 8
 TILE_K = 16
 #: Floats of workgroup memory one reduction round may use (16 KiB fits every profile).
 RED_FLOATS = 4096
-#: Workgroups per compute unit a GEMV aims for (latency hiding: several loads in flight per
-#: lane times enough resident lanes).
+#: Seed GEMV launch shape (not yet measured on a GPU: ``bench/gemv.py --tune`` times the
+#: alternatives on one run, and the measured best replaces these, with its numbers in
+#: BENCHMARKS.md). Workgroups per compute unit aimed for; invocations per workgroup (GPU, and
+#: when even the narrowest N tile leaves units idle: more k groups keep more loads in flight
+#: on the units that have work); loads per lane per loop step; lanes per output (GEMV_T).
 GEMV_WAVES = 2
+GEMV_LOCAL = 256
+GEMV_LOCAL_FEW = 1024
+GEMV_LOCAL_CPU = 64
+GEMV_UNROLL = 4
+GEMV_T_LANES = 32
 
 
 @dataclass(frozen=True)
@@ -234,25 +242,30 @@ def choose_matmul(
     nb = max(1, base.batch_size)
     units = profile.compute_units or 8
     cpu = profile.device_type == "cpu"
-    wg = min(64 if cpu else 256, profile.max_invocations)
+    wg = min(GEMV_LOCAL_CPU if cpu else GEMV_LOCAL, profile.max_invocations)
     if kind is MatMulKind.GEMV_N:
         vec = _vec(n, b_dtype)
         words = n // vec
-        groups_max = max(1, min(_pow2_floor(k), wg))
         # the widest row segment per workgroup that still gives every unit work
         lanes = 32
         while lanes > 2 and nb * -(-words // lanes) < GEMV_WAVES * units:
             lanes //= 2
         lanes = min(lanes, _pow2_floor(words))
+        if not cpu and nb * -(-words // lanes) < units:
+            wg = min(GEMV_LOCAL_FEW, profile.max_invocations)
+        groups_max = max(1, min(_pow2_floor(k), wg))
         req = replace(base, vec=vec, lanes=lanes, groups=max(1, min(groups_max, wg // lanes)),
-                      unroll=2 if cpu else 4)
+                      unroll=2 if cpu else GEMV_UNROLL)
     elif kind is MatMulKind.GEMV_T:
         vec = _vec(k, b_dtype)
-        lanes = min(_pow2_floor(k // vec), 8 if cpu else 32)
+        lanes = min(_pow2_floor(k // vec), 8 if cpu else GEMV_T_LANES)
         groups = max(1, wg // lanes)
+        # fewer outputs per workgroup until every unit has work (N = 576: 8 -> 2 groups)
+        while groups > 1 and nb * -(-n // groups) < GEMV_WAVES * units:
+            groups //= 2
         outs = 2 if nb * -(-n // (groups * 2)) >= GEMV_WAVES * units else 1
         req = replace(base, vec=vec, lanes=lanes, groups=groups, outs=outs,
-                      unroll=2 if cpu or outs > 1 else 4)
+                      unroll=2 if cpu or outs > 1 else GEMV_UNROLL)
     else:
         tm = 64 if m > 32 else 32
         req = replace(base, tile_m=tm, tile_n=64 if n > 32 else 32)

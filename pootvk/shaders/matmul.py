@@ -147,8 +147,9 @@ def _fold(
     Shuffles take the lane bits that stay inside one subgroup; the lanes then holding a
     partial (``j % fold == 0``) store it at ``q * parts + p`` of the value's block in
     workgroup memory (``q`` < ``n_slots`` names the output group the lane serves); then one
-    invocation per (value, group) adds the ``parts`` partials and ``write(vi, q)`` stores
-    sum ``s``. Returns the floats of workgroup memory it uses.
+    team of ``tl`` lanes per (value, group) adds the ``parts`` partials (a strided loop, then
+    shuffles; one lane without subgroups) and ``write(vi, q)`` stores sum ``s``. Returns the
+    floats of workgroup memory it uses.
     """
     fold = _fold_width(r, stride, count)
     off = stride
@@ -161,6 +162,12 @@ def _fold(
     emit(f"uint p = j / {fold}u;  // partial index after the shuffles")
     per_round = max(1, RED_FLOATS // (n_slots * parts))
     block = n_slots * parts
+    # a team of ``tl`` adjacent lanes adds one pair's partials (then shuffles), so a long
+    # partial list is not one invocation's serial loop
+    tl = 1
+    if r.subgroup:
+        while tl < parts and tl * 2 <= min(r.subgroup_size, r.local_size):
+            tl *= 2
     for r0 in range(0, len(values), per_round):
         chunk = values[r0:r0 + per_round]
         if r0:
@@ -170,15 +177,23 @@ def _fold(
             emit(f"    s_red[{i * block}u + {q} * {parts}u + p] = {v};")
         emit("}")
         emit("barrier();")
-        emit(f"for (uint o = lane; o < {len(chunk) * n_slots}u; o += {r.local_size}u) {{")
-        emit(f"    uint vl = o / {n_slots}u;  // value within the round")
+        emit(f"for (uint o = lane; o < {len(chunk) * n_slots * tl}u; o += {r.local_size}u) {{")
+        emit(f"    uint pair = o / {tl}u;  // (value, output group) pair")
+        emit(f"    uint t = o % {tl}u;  // lane of the pair's team")
+        emit(f"    uint vl = pair / {n_slots}u;  // value within the round")
         emit(f"    uint vi = vl + {r0}u;")
-        emit(f"    uint qq = o % {n_slots}u;")
+        emit(f"    uint qq = pair % {n_slots}u;")
         emit("    float s = 0.0;")
-        emit(f"    for (uint u = 0u; u < {parts}u; ++u) s += s_red[vl * {block}u + "
+        emit(f"    for (uint u = t; u < {parts}u; u += {tl}u) s += s_red[vl * {block}u + "
              f"qq * {parts}u + u];")
+        off = 1
+        while off < tl:
+            emit(f"    s += subgroupShuffleXor(s, {off}u);")
+            off *= 2
+        emit("    if (t == 0u) {")
         for line in write("vi", "qq"):
-            emit("    " + line)
+            emit("        " + line)
+        emit("    }")
         emit("}")
     return min(len(values), per_round) * block
 

@@ -120,11 +120,13 @@ def test_gemv_shared_memory_reduction(device, transpose):
     assert_close(y, ref, TOL)
 
 
-def test_gemv_n_many_rounds_and_narrow_words(device):
+@pytest.mark.parametrize("subgroup", [False, True], ids=["shared", "subgroup"])
+def test_gemv_n_many_rounds_and_narrow_words(device, subgroup):
     """8 rows x 8 outputs per lane with 64 k groups: the reduction takes several rounds of
-    workgroup memory; a tiny N tile (2 words) and unroll 3 leave tails on both axes."""
+    workgroup memory (teams of lanes add each pair's partials with shuffles); a tiny N tile
+    (2 words) and unroll 3 leave tails on both axes."""
     y, ref, req = run(device, (8, 301), (301, 40), F16, False, "gemv_n",
-                      lanes=2, groups=64, unroll=3, subgroup=False)
+                      lanes=2, groups=64, unroll=3, subgroup=subgroup)
     assert req.vec == 8 and req.local_size == 128
     assert_close(y, ref, TOL)
 
