@@ -46,9 +46,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from pootvk.benchmark import L2_FIT_BYTES, SmClock, read_ceiling, torch_available  # noqa: E402
 from pootvk.ir import F16, F32  # noqa: E402
 from pootvk.ops import Builder  # noqa: E402
-from pootvk.plan import MatMulRequest, forced_matmul  # noqa: E402
+from pootvk.plan import MatMulRequest, choose_matmul, forced_matmul  # noqa: E402
 from pootvk.runtime import build_replay, resolve_device  # noqa: E402
-from pootvk.vk import Recorder  # noqa: E402
+from pootvk.shaders.generate import spirv_for  # noqa: E402
+from pootvk.vk import Dispatch, Recorder  # noqa: E402
 
 SHAPES = [(576, 1536), (4096, 4096), (4096, 14336), (8192, 28672)]
 QUICK_SHAPES = [(256, 384), (200, 130)]
@@ -93,29 +94,62 @@ def nse(got: np.ndarray, ref: np.ndarray) -> float:
     return float(((got - ref) ** 2).sum() / max((ref**2).sum(), 1e-300))
 
 
-def time_pootvk(device, k, n, dt, layout, inputs, *, warm_s, reps, clock, fields=None):
-    """(kernel us median, nse, request, SM MHz) of one schedule (``fields`` forced)."""
-    x, w, ref = inputs
-    with forced_matmul(**(fields or {})):
-        rp = build_replay(graph(k, n, dt, layout), device, timestamps=True)
+def _time(device, dispatches, warm_s, reps, clock):
+    rec = Recorder(device).record(dispatches, timestamps=True)
     try:
-        reqs = [kn.request for kn in rp.plan.kernels]
+        _warm(lambda: rec.submit(wait=True), warm_s)
+        mhz = clock.sm_mhz()
+        times = []
+        for _ in range(reps):
+            rec.submit(wait=True)
+            times.append(rec.gpu_time_ns())
+    finally:
+        rec.destroy()
+    return statistics.median(times) / 1e3, mhz
+
+
+class Case:
+    """One (K, N, dtype, layout): the planned replay, W uploaded and x bound once; the
+    default schedule and every tune variant run over the same buffers."""
+
+    def __init__(self, device, k, n, dt, layout, inputs):
+        self.device, self.k, self.n, self.dt, self.layout = device, k, n, dt, layout
+        x, w, self.ref = inputs
+        self.rp = build_replay(graph(k, n, dt, layout), device, timestamps=True)
+        reqs = [kn.request for kn in self.rp.plan.kernels]
         assert len(reqs) == 1 and isinstance(reqs[0], MatMulRequest), reqs
-        rp.set_params({"w": w})
-        err = nse(rp.step({"x": x})["y"], ref)
-        rec = Recorder(device).record(list(rp.recording.dispatches), timestamps=True)
+        self.request = reqs[0]
+        self.rp.set_params({"w": w})
+        self.nse = nse(self.rp.step({"x": x})["y"], self.ref)  # the public path's answer
+        self.base = self.rp.recording.dispatches[0]
+        self.out = self.rp.plan.outputs["y"]
+
+    def time_default(self, *, warm_s, reps, clock):
+        return _time(self.device, [self.base], warm_s, reps, clock)
+
+    def variant(self, fields: dict):
+        """(request, nse) of a forced schedule run once over the same buffers."""
+        g = self.rp.plan.graph
+        a, b = g.eqns[0].inputs
+        with forced_matmul(**fields):
+            req = choose_matmul(a.shape, b.shape, g.eqns[0].out.shape,
+                                transpose_b=self.layout == "nk", b_dtype=self.dt,
+                                profile=self.device.profile)
+        pipe = self.device.compute_pipeline(spirv_for(req), 3)
+        d = Dispatch(pipe, self.base.bindings, (*req.grid, 1), "variant",
+                     access=self.base.access)
+        buf = self.rp.buffers[self.out.buffer]
+        buf.write(self.out.offset, np.full(self.n, np.nan, np.float32).tobytes())
+        rec = Recorder(self.device).record([d])
         try:
-            _warm(lambda: rec.submit(wait=True), warm_s)
-            mhz = clock.sm_mhz()
-            times = []
-            for _ in range(reps):
-                rec.submit(wait=True)
-                times.append(rec.gpu_time_ns())
+            rec.submit(wait=True)
         finally:
             rec.destroy()
-    finally:
-        rp.close()
-    return statistics.median(times) / 1e3, err, reqs[0], mhz
+        y = np.frombuffer(buf.read(self.out.offset, self.out.nbytes), np.float32)
+        return req, d, nse(y.reshape(self.ref.shape), self.ref)
+
+    def close(self):
+        self.rp.close()
 
 
 def time_torch(k, n, dt, layout, *, warm_s, reps, calls=10):
@@ -167,15 +201,15 @@ def variants(layout: str, quick: bool) -> list[dict]:
     return out
 
 
-def tune_case(device, k, n, dn, lay, inputs, ceiling_gbps, *, warm_s, reps, clock, quick):
+def tune_case(case, dn, ceiling_gbps, *, warm_s, reps, clock, quick):
     """Time every variant of one case (each checked); print them and the best."""
-    dt, nbytes = DTYPES[dn], k * n * DTYPES[dn].device_itemsize
+    k, n, lay = case.k, case.n, case.layout
+    nbytes = k * n * DTYPES[dn].device_itemsize
     out, best = [], None
     for f in variants(lay, quick):
         try:
-            us, err, req, _ = time_pootvk(device, k, n, dt, lay, inputs,
-                                          warm_s=min(warm_s, 0.2), reps=max(5, reps // 2),
-                                          clock=clock, fields=f)
+            req, d, err = case.variant(f)
+            us, _ = _time(case.device, [d], min(warm_s, 0.2), max(5, reps // 2), clock)
         except Exception as e:
             print(f"    {f}: failed: {type(e).__name__}: {e}".splitlines()[0])
             continue
@@ -240,15 +274,22 @@ def main(argv: list[str] | None = None) -> int:
                 inputs = make_inputs(k, n, dt, lay)
                 row = {"k": k, "n": n, "dtype": dn, "layout": lay, "w_bytes": nbytes,
                        "l2": nbytes <= L2_FIT_BYTES}
+                case = None
                 try:
-                    us, err, req, mhz = time_pootvk(device, k, n, dt, lay, inputs,
-                                                    warm_s=warm_s, reps=reps, clock=clock)
+                    case = Case(device, k, n, dt, lay, inputs)
+                    us, mhz = case.time_default(warm_s=warm_s, reps=reps, clock=clock)
                     clock.check(f"pootvk {k},{n} {dn} {lay}", sys.stdout)
                     gbps = nbytes / (us * 1e3)
-                    row.update(us=us, gbps=gbps, frac=gbps / ceiling.gbps, nse=err,
-                               ok=err <= TOL, kernel=req.describe(), sm_mhz=mhz)
+                    row.update(us=us, gbps=gbps, frac=gbps / ceiling.gbps, nse=case.nse,
+                               ok=case.nse <= TOL, kernel=case.request.describe(), sm_mhz=mhz)
+                    if a.tune:
+                        tuned += tune_case(case, dn, ceiling.gbps, warm_s=warm_s, reps=reps,
+                                           clock=clock, quick=a.quick)
                 except Exception as e:  # one case's failure loses only its row
                     row["note"] = f"failed: {type(e).__name__}: {e}".splitlines()[0]
+                finally:
+                    if case is not None:
+                        case.close()
                 if not why_no_torch:
                     try:
                         tus = time_torch(k, n, dt, lay, warm_s=warm_s, reps=reps)
@@ -259,9 +300,6 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {k},{n} {dn} {lay}: {_fmt(row.get('frac'), '.0%')} of ceiling, "
                       f"{_fmt(row.get('us'), '.2f')} us, nse {_fmt(row.get('nse'), '.1e')}"
                       + (f"  [{row['note']}]" if "note" in row else ""), flush=True)
-                if a.tune:
-                    tuned += tune_case(device, k, n, dn, lay, inputs, ceiling.gbps, warm_s=warm_s,
-                                       reps=reps, clock=clock, quick=a.quick)
 
     print("\n| K,N | W dtype | layout | W MB | L2 | pootvk of ceiling | GB/s | pootvk us | "
           "torch of ceiling | torch us | pootvk speed vs torch | check (nse) | SM MHz | kernel |")
