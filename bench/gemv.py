@@ -316,6 +316,21 @@ def main(argv: list[str] | None = None) -> int:
     print("pootvk speed vs torch = torch us / pootvk us (> 1: pootvk faster); layout kn: W "
           f"stored [K,N] (x @ W); nk: W stored [N,K] (x @ W^T); goal >= {GOAL:.0%} of the "
           "ceiling on the three large shapes")
+    if tuned:
+        print("\n## --tune: the best checked variant per case against the default schedule")
+        print("| K,N | W dtype | layout | default us | best us | best / default speed | best "
+              "of ceiling | best fields |")
+        print("|" + "---|" * 8)
+        for r in rows:
+            mine = [t for t in tuned if t["ok"] and (t["k"], t["n"], t["dtype"], t["layout"])
+                    == (r["k"], r["n"], r["dtype"], r["layout"])]
+            if not mine or "us" not in r:
+                continue
+            t = min(mine, key=lambda t: t["us"])
+            fields = {k: v for k, v in t.items() if k in ("kind", "lanes", "groups", "outs",
+                                                          "unroll")}
+            print(f"| {r['k']},{r['n']} | {r['dtype']} | {r['layout']} | {r['us']:.2f} | "
+                  f"{t['us']:.2f} | {r['us'] / t['us']:.2f}x | {t['frac']:.0%} | {fields} |")
     if a.json:
         Path(a.json).write_text(json.dumps(
             {"device": device.name, "ceiling_gbps": ceiling.gbps, "warm_s": warm_s,
