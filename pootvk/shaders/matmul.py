@@ -148,8 +148,9 @@ def _fold(
     partial (``j % fold == 0``) store it at ``q * parts + p`` of the value's block in
     workgroup memory (``q`` < ``n_slots`` names the output group the lane serves); then one
     team of ``tl`` lanes per (value, group) adds the ``parts`` partials (a strided loop, then
-    shuffles; one lane without subgroups) and ``write(vi, q)`` stores sum ``s``. Returns the
-    floats of workgroup memory it uses.
+    shuffles; one lane without subgroups) and ``write(vi, q)`` stores sum ``s``. When the
+    shuffles alone sum all ``count`` lanes, the leaders write directly. Returns the floats of
+    workgroup memory it uses.
     """
     fold = _fold_width(r, stride, count)
     off = stride
@@ -159,6 +160,15 @@ def _fold(
         off *= 2
     parts = count // fold
     emit(f"uint j = (lane / {stride}u) % {count}u;  // lane index along the contraction")
+    if parts == 1:  # the shuffles summed everything: the leaders write, no workgroup memory
+        emit("if (j == 0u) {")
+        for i, v in enumerate(values):
+            emit(f"    {{ float s = {v};")
+            for line in write(f"{i}u", q):
+                emit("      " + line)
+            emit("    }")
+        emit("}")
+        return 0
     emit(f"uint p = j / {fold}u;  // partial index after the shuffles")
     per_round = max(1, RED_FLOATS // (n_slots * parts))
     block = n_slots * parts
@@ -247,7 +257,7 @@ def _gemv_n(r: MatMulRequest) -> str:
                 f"if (col < {N}u) y[yoff + {vi} / {E}u * {N}u + col] = s;"]
 
     size = _fold(r, emit, values, stride=NL, count=KS, q="nl", n_slots=NL, write=write)
-    return (_head(r) + f"shared float s_red[{size}];\n"
+    return (_head(r) + (f"shared float s_red[{size}];\n" if size else "")
             + "void main() {\n" + "\n".join(L) + "\n}\n")
 
 
@@ -306,7 +316,7 @@ def _gemv_t(r: MatMulRequest) -> str:
                 f"if (n < {N}u) y[yoff + {vi} / {J}u * {N}u + n] = s;"]
 
     size = _fold(r, emit, values, stride=1, count=LPO, q="g", n_slots=G, write=write)
-    return (_head(r) + f"shared float s_red[{size}];\n"
+    return (_head(r) + (f"shared float s_red[{size}];\n" if size else "")
             + "void main() {\n" + "\n".join(L) + "\n}\n")
 
 
