@@ -9,6 +9,8 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pootvk.compile import compile_graph
 from pootvk.ir import BF16, F16, F32, DType
@@ -16,7 +18,7 @@ from pootvk.ir import prims as P
 from pootvk.ops import Builder
 from pootvk.plan import MatMulKind, MatMulRequest, forced_matmul
 from pootvk.runtime import build_replay
-from tests.helpers import assert_close
+from tests.helpers import assert_close, examples
 
 TOL = 1e-6  # normalised squared error: F32 accumulation over K <= 600 terms
 
@@ -158,3 +160,17 @@ def test_plain_matmul_of_activations(device):
         assert compile_graph(g).count(P.MATMUL) == 1
         y = rp.step({"x": xv, "z": zv})["y"]
     assert_close(y, xv.astype(np.float64) @ zv.astype(np.float64), TOL)
+
+
+@settings(max_examples=examples(12), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(m=st.sampled_from([1, 2, 3, 5, 8, 9, 33]), k=st.integers(1, 130),
+       n=st.integers(1, 70), dt=st.sampled_from(DTS), transpose=st.booleans(),
+       batch=st.sampled_from([((), ()), ((2,), ()), ((2, 1), (1, 3)), ((1,), (2,))]),
+       subgroup=st.booleans())
+def test_matmul_sweep(device, m, k, n, dt, transpose, batch, subgroup):
+    """Random shapes, dtypes, layouts, broadcast batches and reductions agree with float64."""
+    ba, bb = batch
+    w_shape = (*bb, n, k) if transpose else (*bb, k, n)
+    y, ref, _ = run(device, (*ba, m, k), w_shape, dt, transpose, subgroup=subgroup)
+    assert_close(y, ref, TOL)
