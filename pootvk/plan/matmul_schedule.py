@@ -88,13 +88,17 @@ class MatMulRequest:
     tile_m: int = 64  # GEMM
     tile_n: int = 64  # GEMM
     grid: tuple[int, int] = (1, 1)
+    #: a plain MatMul of 16-bit values reads a and writes y in 16 bits too (F32 arithmetic,
+    #: the output rounded at its store); a Linear's are F32
+    a_dtype: DType = F32
+    out_dtype: DType = F32
 
     def push_constants(self) -> tuple[int, ...]:
         return ()
 
     def bindings(self) -> tuple[Binding, ...]:
-        return (Binding("a", Access.READ, F32), Binding("b", Access.READ, self.b_dtype),
-                Binding("y", Access.WRITE, F32))
+        return (Binding("a", Access.READ, self.a_dtype), Binding("b", Access.READ, self.b_dtype),
+                Binding("y", Access.WRITE, self.out_dtype))
 
     @property
     def batch_size(self) -> int:
@@ -136,6 +140,8 @@ class MatMulRequest:
         lay = "b^T" if self.transpose_b else "b"
         head = (f"matmul {self.kind.value} batch=[{b}] M={self.m} K={self.k} N={self.n} "
                 f"{lay}:{self.b_dtype.value}")
+        if self.a_dtype is not F32 or self.out_dtype is not F32:
+            head += f" a:{self.a_dtype.value} y:{self.out_dtype.value}"
         if self.kind is MatMulKind.GEMM:
             tune = f"tile={self.tile_m}x{self.tile_n}x{TILE_K}"
         else:
@@ -217,10 +223,12 @@ def _batch_layout(
 def choose_matmul(
     a_shape: tuple[int, ...], b_shape: tuple[int, ...], out_shape: tuple[int, ...],
     *, transpose_b: bool, b_dtype: DType, profile: DeviceProfile,
+    a_dtype: DType = F32, out_dtype: DType = F32,
 ) -> MatMulRequest:
     """The request for ``a @ op(b)`` on ``profile`` (b's shape as stored)."""
-    if b_dtype not in (F32, F16, BF16):
-        raise DtypeLowering("MatMul", b_dtype.value, "an F32/F16/BF16 weight kernel")
+    for dt in (a_dtype, b_dtype, out_dtype):
+        if dt not in (F32, F16, BF16):
+            raise DtypeLowering("MatMul", dt.value, "a float matmul kernel")
     k = a_shape[-1]
     n = out_shape[-1]
     if min(k, n, a_shape[-2]) < 1:
@@ -236,7 +244,8 @@ def choose_matmul(
         raise ShapeError(f"{kind.value} reads b stored {need}; this b is stored "
                          f"{'[N, K]' if transpose_b else '[K, N]'}")
     base = MatMulRequest(kind=kind, batch=batch, a_strides=sa, b_strides=sb, m=m, k=k, n=n,
-                         transpose_b=transpose_b, b_dtype=b_dtype, vec=1, lanes=1, groups=1,
+                         transpose_b=transpose_b, b_dtype=b_dtype, a_dtype=a_dtype,
+                         out_dtype=out_dtype, vec=1, lanes=1, groups=1,
                          subgroup=profile.subgroup_shuffle,
                          subgroup_size=max(1, profile.subgroup_size))
     nb = max(1, base.batch_size)

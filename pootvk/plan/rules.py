@@ -105,14 +105,15 @@ def _elementwise(e: Eqn, ctx: PlanContext) -> RuleResult:
 def _matmul_call(e: Eqn, ctx: PlanContext, transpose_b: bool) -> RuleResult:
     a, b = e.inputs
     req = choose_matmul(a.shape, b.shape, e.out.shape, transpose_b=transpose_b,
-                        b_dtype=b.dtype, profile=ctx.profile)
+                        b_dtype=b.dtype, a_dtype=a.dtype, out_dtype=e.out.dtype,
+                        profile=ctx.profile)
     return RuleResult([KernelCall(req, (a, b, e.out), str(e.prim))])
 
 
 @plan_rules.register(P.MATMUL)
 def _matmul(e: Eqn, ctx: PlanContext) -> RuleResult:
-    """GEMV for few rows, tiled GEMM otherwise (plan.matmul_schedule); F32 operands."""
-    _check_16bit(e)
+    """GEMV for few rows, tiled GEMM otherwise (plan.matmul_schedule). F16/BF16 operands
+    are read 16-bit and computed in F32, the output rounded to 16 bits at its store."""
     return _matmul_call(e, ctx, transpose_b=False)
 
 

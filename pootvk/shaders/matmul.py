@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..ir import F16, F32
+from ..ir import BF16, F16, F32, DType
 from ..ir import prims as P
 from ..plan.matmul_schedule import RED_FLOATS, TILE_K, MatMulKind, MatMulRequest
 from .common import group_id
@@ -48,6 +48,42 @@ def _local(bt: str) -> str:
 
 def _load(bt: str, x: str) -> str:
     return f"uint({x})" if bt == "uint16_t" else x
+
+
+def _to_f32(x: str, dt: DType) -> str:
+    """A stored value of ``dt`` (a uint16_t expression when 16-bit) as F32."""
+    if dt is F32:
+        return x
+    if dt is F16:
+        return f"unpackHalf2x16(uint({x})).x"
+    return f"uintBitsToFloat(uint({x}) << 16)"
+
+
+def _store(r: MatMulRequest, s: str) -> str:
+    """An F32 result as ``out_dtype`` stores it (round to nearest even; NaN stays NaN)."""
+    if r.out_dtype is F32:
+        return s
+    if r.out_dtype is F16:
+        return f"uint16_t(packHalf2x16(vec2({s}, 0.0)) & 0xffffu)"
+    return f"uint16_t(bf16_bits({s}))"
+
+
+BF16_ROUND = """uint bf16_bits(float f) {
+    uint b = floatBitsToUint(f);
+    if (isnan(f)) return (b >> 16) | 0x40u;  // a quiet NaN stays NaN
+    return (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;  // round to nearest even
+}
+"""
+
+
+def _a_vec(r: MatMulRequest, elem: str, width: int) -> str:
+    """``width`` consecutive A values from element index ``elem`` (a GLSL expression), as a
+    float vector: one vector load of F32 A (``elem`` a multiple of ``width``), else
+    ``width`` 16-bit loads."""
+    if r.a_dtype is F32:
+        return f"a[({elem}) / {width}u]" if width > 1 else f"a[{elem}]"
+    vals = [_to_f32(f"a[{elem} + {t}u]", r.a_dtype) for t in range(width)]
+    return vals[0] if width == 1 else f"{_ftype(width)}({', '.join(vals)})"
 
 
 def _a_width(r: MatMulRequest) -> int:
@@ -79,26 +115,30 @@ def _scalars(name: str, width: int) -> list[str]:
 
 def _head(r: MatMulRequest) -> str:
     ext = []
-    if r.b_dtype is not F32 and r.vec == 1:
-        ext.append("#extension GL_EXT_shader_16bit_storage : require")
     if r.subgroup and r.kind is not MatMulKind.GEMM:
         ext += ["#extension GL_KHR_shader_subgroup_basic : require",
                 "#extension GL_KHR_shader_subgroup_shuffle : require"]
-    a_elem = _ftype(_a_width(r)) if r.kind is MatMulKind.GEMV_T else "float"
+    if r.a_dtype is not F32:
+        a_elem = "uint16_t"
+    else:
+        a_elem = _ftype(_a_width(r)) if r.kind is MatMulKind.GEMV_T else "float"
     b_elem = _b_type(r) if r.kind is not MatMulKind.GEMM else (
         "float" if r.b_dtype is F32 else "uint16_t")
-    if r.kind is MatMulKind.GEMM and r.b_dtype is not F32:
-        ext.append("#extension GL_EXT_shader_16bit_storage : require")
-    blocks = [("a", a_elem, "readonly"), ("b", b_elem, "readonly"), ("y", "float", "writeonly")]
-    src = "#version 450\n" + "".join(e + "\n" for e in dict.fromkeys(ext))
+    y_elem = "float" if r.out_dtype is F32 else "uint16_t"
+    if "uint16_t" in (a_elem, b_elem, y_elem):
+        ext.insert(0, "#extension GL_EXT_shader_16bit_storage : require")
+    blocks = [("a", a_elem, "readonly"), ("b", b_elem, "readonly"), ("y", y_elem, "writeonly")]
+    src = "#version 450\n" + "".join(e + "\n" for e in ext)
     src += f"layout(local_size_x = {r.local_size}) in;\n// {r.describe()}\n"
     for i, (name, elem, acc) in enumerate(blocks):
         src += (f"layout(std430, set = 0, binding = {i}) {acc} buffer B{i} "
                 f"{{ {elem} {name}[]; }};\n")
-    if r.b_dtype not in (F32, F16):
+    if r.b_dtype is BF16:
         src += ("vec2 bf2(uint w) {\n"
                 "    return vec2(uintBitsToFloat(w << 16), uintBitsToFloat(w & 0xffff0000u));\n"
                 "}\n")
+    if r.out_dtype is BF16:
+        src += BF16_ROUND
     return src
 
 
@@ -232,7 +272,7 @@ def _gemv_n(r: MatMulRequest) -> str:
             emit(f"    {_local(bt)} w{u} = {_load(bt, f'b[bw + (kk + {u * KS}u) * {NW}u]')};")
         for u in us:
             for i in range(R):
-                emit(f"    float x{i}_{u} = a[aoff + {i * K}u + kk + {u * KS}u];")
+                emit(f"    float x{i}_{u} = {_a_vec(r, f'aoff + {i * K}u + kk + {u * KS}u', 1)};")
         for u in us:
             for c, piece in enumerate(_pieces(r, f"w{u}")):
                 wd = _a_width(r)
@@ -254,7 +294,7 @@ def _gemv_n(r: MatMulRequest) -> str:
 
     def write(vi: str, q: str) -> list[str]:
         return [f"uint col = (tile * {NL}u + {q}) * {E}u + {vi} % {E}u;",
-                f"if (col < {N}u) y[yoff + {vi} / {E}u * {N}u + col] = s;"]
+                f"if (col < {N}u) y[yoff + {vi} / {E}u * {N}u + col] = {_store(r, 's')};"]
 
     size = _fold(r, emit, values, stride=NL, count=KS, q="nl", n_slots=NL, write=write)
     return (_head(r) + (f"shared float s_red[{size}];\n" if size else "")
@@ -280,7 +320,6 @@ def _gemv_t(r: MatMulRequest) -> str:
     emit(f"uint nbase = tile * {G * J}u + g * {J}u;")
     for j in range(J):
         emit(f"uint bw{j} = boff / {E}u + min(nbase + {j}u, {N - 1}u) * {KW}u;")
-    emit(f"uint aw = aoff / {AW}u;")
     for i in range(R):
         for j in range(J):
             emit(f"float acc{i}_{j} = 0.0;")
@@ -292,8 +331,8 @@ def _gemv_t(r: MatMulRequest) -> str:
         for u in us:
             for i in range(R):
                 for c in range(per):
-                    emit(f"    {at} x{i}_{u}_{c} = a[aw + {i * (K // AW)}u + "
-                         f"(w + {u * LPO}u) * {per}u + {c}u];")
+                    elem = f"aoff + {i * K}u + (w + {u * LPO}u) * {E}u + {c * AW}u"
+                    emit(f"    {at} x{i}_{u}_{c} = {_a_vec(r, elem, AW)};")
         for u in us:
             for j in range(J):
                 for c, piece in enumerate(_pieces(r, f"w{u}_{j}")):
@@ -313,7 +352,7 @@ def _gemv_t(r: MatMulRequest) -> str:
 
     def write(vi: str, q: str) -> list[str]:
         return [f"uint n = tile * {G * J}u + {q} * {J}u + {vi} % {J}u;",
-                f"if (n < {N}u) y[yoff + {vi} / {J}u * {N}u + n] = s;"]
+                f"if (n < {N}u) y[yoff + {vi} / {J}u * {N}u + n] = {_store(r, 's')};"]
 
     size = _fold(r, emit, values, stride=1, count=LPO, q="g", n_slots=G, write=write)
     return (_head(r) + (f"shared float s_red[{size}];\n" if size else "")
@@ -353,7 +392,7 @@ def _gemm(r: MatMulRequest) -> str:
     emit("        uint gm = m0 + mm;")
     emit("        uint gk = k0 + kq;")
     emit(f"        As[kq * {BM}u + mm] = (gm < {M}u && gk < {K}u) ? "
-         f"a[aoff + gm * {K}u + gk] : 0.0;")
+         f"{_a_vec(r, f'aoff + gm * {K}u + gk', 1)} : 0.0;")
     emit("    }")
     # B tile: BK x BN, read along the stored contiguous axis
     emit(f"    for (uint idx = tid; idx < {BK * BN}u; idx += {WG}u) {{")
@@ -384,7 +423,8 @@ def _gemm(r: MatMulRequest) -> str:
         emit(f"if (row{i} < {M}u) {{")
         for j, c in enumerate("xyzw"):
             emit(f"    uint col{i}{j} = n0 + tx * 4u + {j}u;")
-            emit(f"    if (col{i}{j} < {N}u) y[yoff + row{i} * {N}u + col{i}{j}] = c{i}.{c};")
+            emit(f"    if (col{i}{j} < {N}u) y[yoff + row{i} * {N}u + col{i}{j}] = "
+                 f"{_store(r, f'c{i}.{c}')};")
         emit("}")
     return (_head(r) + f"shared float As[{BK * BM}];\nshared float Bs[{BK * BN}];\n"
             + "void main() {\n" + "\n".join(L) + "\n}\n")

@@ -40,6 +40,11 @@ def matmul_graph():
     b.export("t", b.matmul(x1, wt))
     b.export("g", b.matmul(x64, b.convert(w16, F32)))
     b.export("f", b.matmul(x64, b.param("w32", (96, 40))))
+    for dt in (F16, BF16):  # all-16-bit matmuls: a and y 16-bit too (GEMV_N and GEMM)
+        w = b.param(f"w{dt.value}", (96, 40), dt)
+        for rows in (2, 64):
+            b.export(f"h{dt.value}{rows}", b.matmul(b.input(f"x{dt.value}{rows}", (rows, 96), dt),
+                                                    w))
     return b.build()
 
 

@@ -174,3 +174,26 @@ def test_matmul_sweep(device, m, k, n, dt, transpose, batch, subgroup):
     w_shape = (*bb, n, k) if transpose else (*bb, k, n)
     y, ref, _ = run(device, (*ba, m, k), w_shape, dt, transpose, subgroup=subgroup)
     assert_close(y, ref, TOL)
+
+
+@pytest.mark.parametrize("dt", [F16, BF16], ids=lambda d: d.value)
+@pytest.mark.parametrize(("a_shape", "b_shape", "kind"), [
+    ((2, 1, 40), (2, 40, 24), MatMulKind.GEMV_N),  # batched b (an unfused attention P @ V)
+    ((33, 20), (20, 9), MatMulKind.GEMM),
+])
+def test_a_16bit_matmul_reads_and_writes_16bit(device, dt, a_shape, b_shape, kind):
+    """MatMul of two F16/BF16 values: both read 16-bit, F32 arithmetic, the output rounded
+    to the dtype at its store."""
+    rng = np.random.default_rng(6)
+    x = stored(rng.standard_normal(a_shape).astype(np.float32), dt)
+    w = stored(rng.standard_normal(b_shape).astype(np.float32), dt)
+    b = Builder()
+    b.export("y", b.matmul(b.input("x", a_shape, dt), b.input("w", b_shape, dt)))
+    with build_replay(b.build(), device) as rp:
+        (req,) = [k.request for k in rp.plan.kernels]
+        assert req.kind is kind and req.a_dtype is dt and req.out_dtype is dt
+        y = rp.step({"x": x.astype(dt.numpy), "w": w.astype(dt.numpy)})["y"]
+    want = x.astype(np.float64) @ w.astype(np.float64)
+    # every output is a value of the dtype (rounded at the store)
+    np.testing.assert_array_equal(np.asarray(y, np.float32), stored(np.asarray(y, np.float32), dt))
+    assert_close(np.asarray(y, np.float64), want, 1e-6 if dt is F16 else 2e-5)
