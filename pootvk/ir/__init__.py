@@ -5,6 +5,7 @@ from . import prims
 from .attention_form import AttentionForm, KeyLayout, MaskKind, check_attention, form_for
 from .dtypes import BF16, BOOL, F16, F32, I32, U32, DType, from_numpy
 from .graph import Eqn, Graph, Literal, Params, Slot, SlotKind, UseInfo, Var
+from .linear_form import LinearForm
 from .prims import (
     PRIMS,
     CompareOp,
@@ -20,7 +21,7 @@ from .rules import RuleTable
 
 __all__ = [
     "BF16", "BOOL", "F16", "F32", "I32", "U32", "DType", "from_numpy",
-    "AttentionForm", "KeyLayout", "MaskKind", "check_attention", "form_for",
+    "AttentionForm", "LinearForm", "KeyLayout", "MaskKind", "check_attention", "form_for",
     "Eqn", "Graph", "Literal", "Params", "Slot", "SlotKind", "UseInfo", "Var",
     "PRIMS", "CompareOp", "Prim", "ReduceOp", "UnaryOp", "prims",
     "check_graph", "new_eqn", "shape_rules", "type_eqn", "RuleTable",

@@ -16,8 +16,9 @@ import numpy as np
 
 from ..errors import ShapeError
 from .attention_form import AttentionForm, check_form_operands
-from .dtypes import BOOL, I32, DType
+from .dtypes import BOOL, F32, I32, DType
 from .graph import Eqn, Graph, Literal, Params, Var
+from .linear_form import LinearForm, check_linear_operands
 from .rules import RuleTable
 
 Aval = tuple[tuple[int, ...], DType]
@@ -117,6 +118,8 @@ ATTENTION = Prim("Attention", None, fused=True, form=AttentionForm)
 INDEX_GUARD = Prim("IndexGuard", 1, lo=int, hi=int)
 #: The witness layout: word 0 counts the offending elements, word 1 holds one of them.
 WITNESS_SHAPE = (2,)
+#: ``a @ op(w)`` with w read in its stored layout and dtype (compile.matmul_fold makes it)
+LINEAR = Prim("Linear", 2, fused=True, form=LinearForm)
 
 shape_rules: RuleTable[Prim, ShapeRule] = RuleTable(
     "shape", lambda p, why: ShapeError(f"{why} for primitive {p}")
@@ -284,6 +287,12 @@ def _index_guard(xs: Sequence[Var], p: Params) -> list[Aval]:
 def _attention(xs: Sequence[Var], p: Params) -> list[Aval]:
     shape, dt = check_form_operands(p["form"], [x.shape for x in xs], [x.dtype for x in xs])
     return [(shape, dt)]
+
+
+@rule(LINEAR)
+def _linear(xs: Sequence[Var], p: Params) -> list[Aval]:
+    a, b = xs
+    return [(check_linear_operands(p["form"], (a.shape, a.dtype), (b.shape, b.dtype)), F32)]
 
 
 def type_eqn(prim: Prim, inputs: Sequence[Var], params: Mapping[str, Any]) -> list[Aval]:

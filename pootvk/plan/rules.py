@@ -16,11 +16,13 @@ from ..ir import BF16, F16, F32, U32, Eqn, Literal, Params, Prim, RuleTable, Var
 from ..ir import prims as P
 from .bindings import Scratch
 from .decode_schedule import DecodeCombineRequest, DecodeRequest
+from .matmul_schedule import MatMulRequest, choose_matmul
 from .profile import DeviceProfile
 from .requests import AttentionRequest, LiteralOperand, PrimRequest, fold_grid
 from .schedule import attention_schedule
 
-KernelRequest = AttentionRequest | PrimRequest | DecodeRequest | DecodeCombineRequest
+KernelRequest = (AttentionRequest | PrimRequest | DecodeRequest | DecodeCombineRequest
+                 | MatMulRequest)
 
 PRIM_WORKGROUP = 64
 
@@ -91,7 +93,7 @@ def _bound(req: PrimRequest, inputs: tuple[Var, ...]) -> tuple[Var, ...]:
 
 @plan_rules.register(
     *P.BINARY, P.UNARY, P.COMPARE, P.SELECT, P.CONVERT, P.IOTA, P.RESHAPE, P.BROADCAST,
-    P.TRANSPOSE, P.SLICE, P.CONCAT, P.MATMUL, P.REDUCE, P.COPY, P.INDEX_GUARD,
+    P.TRANSPOSE, P.SLICE, P.CONCAT, P.REDUCE, P.COPY, P.INDEX_GUARD,
 )
 def _elementwise(e: Eqn, ctx: PlanContext) -> RuleResult:
     """One invocation per (first) output element; IndexGuard also binds its witness."""
@@ -99,6 +101,28 @@ def _elementwise(e: Eqn, ctx: PlanContext) -> RuleResult:
     out = e.outputs[0]
     req = prim_request(e.prim, e.inputs, out, e.params, out.size, ctx.profile)
     return RuleResult([KernelCall(req, (*_bound(req, e.inputs), *e.outputs), str(e.prim))])
+
+
+def _matmul_call(e: Eqn, ctx: PlanContext, transpose_b: bool) -> RuleResult:
+    a, b = e.inputs
+    req = choose_matmul(a.shape, b.shape, e.out.shape, transpose_b=transpose_b,
+                        b_dtype=b.dtype, a_dtype=a.dtype, out_dtype=e.out.dtype,
+                        profile=ctx.profile)
+    return RuleResult([KernelCall(req, (a, b, e.out), str(e.prim))])
+
+
+@plan_rules.register(P.MATMUL)
+def _matmul(e: Eqn, ctx: PlanContext) -> RuleResult:
+    """GEMV for few rows, tiled GEMM otherwise (plan.matmul_schedule). F16/BF16 operands
+    are read 16-bit and computed in F32, the output rounded to 16 bits at its store."""
+    return _matmul_call(e, ctx, transpose_b=False)
+
+
+@plan_rules.register(P.LINEAR)
+def _linear(e: Eqn, ctx: PlanContext) -> RuleResult:
+    """The folded matmul: B read in its stored layout and dtype (no transpose or convert
+    kernel runs)."""
+    return _matmul_call(e, ctx, transpose_b=e.params["form"].transpose_b)
 
 
 @plan_rules.register(P.DYNAMIC_UPDATE_SLICE)

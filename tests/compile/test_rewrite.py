@@ -92,7 +92,8 @@ def test_unsupported_variants_keep_their_primitives():
               _chain(mask_rank3=True)):
         c = compile_graph(g)
         assert c.count(P.ATTENTION) == 0
-        assert c.count(P.MATMUL) == 2
+        # both matmuls stay; q @ Transpose(k) runs as a Linear reading k untransposed
+        assert c.count(P.MATMUL) + c.count(P.LINEAR) == 2
         ins = random_inputs(g, np.random.default_rng(0))
         assert same(evaluate(g, ins), evaluate(c, ins))
     assert compile_graph(_chain()).count(P.ATTENTION) == 1
