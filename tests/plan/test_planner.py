@@ -1,9 +1,9 @@
 import pytest
 
-from pootvk.compile import compile_graph
 from pootvk.errors import AttentionLds, DtypeLowering, GridLimit, UnsupportedPrimitive
 from pootvk.ir import F16
 from pootvk.ops import Builder, trace_attention, trace_decode_step
+from pootvk.passes import compile_graph
 from pootvk.plan import (
     AttentionRequest,
     DecodeRequest,

@@ -4,10 +4,10 @@ import re
 import shutil
 import subprocess
 
-from pootvk.compile import canonicalize, compile_graph
 from pootvk.ir import PRIMS, shape_rules
 from pootvk.ops import trace_attention, trace_decode_step
 from pootvk.oracle import eval_rules
+from pootvk.passes import canonicalize, compile_graph
 from pootvk.plan import forced_schedule, plan_graph, plan_rules, recorded_profile, recorded_profiles
 from pootvk.shaders.compiler import compile_glsl
 from pootvk.shaders.generate import generate
