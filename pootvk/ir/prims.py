@@ -110,6 +110,7 @@ CONCAT = Prim("Concat", None, axis=int)
 MATMUL = Prim("MatMul", 2)
 REDUCE = Prim("Reduce", 1, op=ReduceOp, axis=int, keepdim=bool)
 DYNAMIC_UPDATE_SLICE = Prim("DynamicUpdateSlice", None)
+GATHER = Prim("Gather", 2)
 ATTENTION = Prim("Attention", None, fused=True, form=AttentionForm)
 
 shape_rules: RuleTable[Prim, ShapeRule] = RuleTable(
@@ -258,6 +259,20 @@ def _dus(xs: Sequence[Var], p: Params) -> list[Aval]:
         raise ShapeError("DynamicUpdateSlice needs one scalar i32 start per operand axis")
     _same_dtype(DYNAMIC_UPDATE_SLICE, (operand, update))
     return [(operand.shape, operand.dtype)]
+
+
+@rule(GATHER)
+def _gather(xs: Sequence[Var], p: Params) -> list[Aval]:
+    """Rows of a table by index (an embedding lookup): table [V, *rest], indices [*idx] i32
+    -> [*idx, *rest]. An index outside [0, V) is clamped to the nearest row (as
+    DynamicUpdateSlice clamps its starts): never a read out of bounds. Indices bound from a
+    slot with a declared range [0, V - 1] (``Builder.tokens``) are refused at bind instead."""
+    table, idx = xs
+    if table.ndim < 1 or table.shape[0] < 1:
+        raise ShapeError(f"Gather table {table.shape} has no rows to gather")
+    if idx.dtype is not I32:
+        raise ShapeError(f"Gather indices must be i32, got {idx.dtype.value}")
+    return [(idx.shape + table.shape[1:], table.dtype)]
 
 
 @rule(ATTENTION)

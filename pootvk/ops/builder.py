@@ -64,6 +64,11 @@ class Builder:
     def state(self, name: str, shape: Sequence[int], dtype: DType = F32) -> Var:
         return self.slot(name, SlotKind.STATE, shape, dtype)
 
+    def tokens(self, name: str, shape: Sequence[int], vocab: int) -> Var:
+        """Token ids, declared in [0, vocab - 1]: a bound id outside that range is refused
+        at bind (SlotRangeError) before a Gather could clamp it."""
+        return self.slot(name, SlotKind.TOKENS, shape, I32, (0, vocab - 1))
+
     def pos(self, name: str, lo: int, hi: int) -> Var:
         return self.slot(name, SlotKind.POS, (), I32, (lo, hi))
 
@@ -160,6 +165,11 @@ class Builder:
         return self.emit(
             P.DYNAMIC_UPDATE_SLICE, [operand, update, *(self.lit(s, I32) for s in starts)]
         )
+
+    def gather(self, table: Var, indices: Var) -> Var:
+        """``table[indices]`` along axis 0: [V, *rest] by [*idx] -> [*idx, *rest]; an index
+        outside [0, V) reads the nearest row (clamped, never out of bounds)."""
+        return self.emit(P.GATHER, [table, indices])
 
 
 def _enum(kind: type, op: object) -> object:
