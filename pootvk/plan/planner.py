@@ -78,10 +78,23 @@ class Plan:
             tuple(sorted((b.name, b.nbytes, b.role.value) for b in self.buffers.values())),
         )
 
+    @property
+    def arena_value_bytes(self) -> int:
+        """What the coloured values and scratch would take with a buffer each (aligned)."""
+        return self.arena.naive_bytes
+
+    @property
+    def arena_saved_bytes(self) -> int:
+        """Bytes colouring saves: every intermediate's own buffer against the arena peak."""
+        return self.arena.naive_bytes - self.arena.peak_bytes
+
     def __str__(self) -> str:
+        naive = self.arena.naive_bytes
+        pct = 100.0 * self.arena_saved_bytes / naive if naive else 0.0
         lines = [
             f"plan for {self.profile.name}: {len(self.kernels)} kernel(s), "
-            f"arena peak {self.arena.peak_bytes} bytes"
+            f"arena peak {self.arena.peak_bytes} bytes for {naive} bytes of intermediates "
+            f"(colouring saves {self.arena_saved_bytes} bytes, {pct:.0f}%)"
         ]
         for i, k in enumerate(self.kernels):
             ops = " ".join(

@@ -161,7 +161,9 @@ class Replay:
                 a = np.asarray(a)
                 if a.dtype != dtype and not np.issubdtype(a.dtype, np.integer):
                     return None
-            if rng is not None and not rng[0] <= int(a) <= rng[1]:
+            if rng is not None and a.size and not (
+                rng[0] <= int(a.min()) and int(a.max()) <= rng[1]
+            ):  # a ranged slot may be an array (token ids), not only a scalar position
                 return None  # check_bind raises the typed error
             writes.append((view, a))
         return writes
