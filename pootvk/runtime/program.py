@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import BindError, Closed
 from ..ir import Graph, SlotKind
+from ..ir.bind import check_bind
 from ..plan import Plan
 from ..vk import Device
 from . import build_replay, resolve_device
@@ -69,10 +70,13 @@ class Program:
             name = sorted(missing)[0]
             raise BindError(name, self.graph.slot(name).var.aval(), "nothing", "a value of")
         params = {n: inputs[n] for n in self._names(self._params, inputs)}
+        states = self._names(self._states, inputs)
+        if params or states:  # everything checked before the first byte is written
+            check_bind(self.graph, inputs, only=set(inputs))
         if params:
             self._replay.set_params(params)
             self._unset -= set(params)
-        for n in self._names(self._states, inputs):
+        for n in states:
             self._replay.set_state(n, inputs[n])
         return self._replay.step({n: inputs[n] for n in self._per_step})
 
