@@ -97,6 +97,10 @@ class Program:
         """GPU time of the last call (``timestamps=True``)."""
         return self._replay.gpu_time_ns()
 
+    def rerecord(self) -> None:
+        """Record the command buffer again (the benchmark's record-every-step baseline)."""
+        self._replay.rerecord()
+
     def close(self) -> None:
         self._replay.close()
 

@@ -252,6 +252,20 @@ class Replay:
                     raise GuardFailed(name, val.tolist())
             return out
 
+    def rerecord(self) -> None:
+        """Record the command buffer again from the same dispatches and drop the old one:
+        what a runtime that records every step pays (descriptor sets, command buffer). Only
+        the benchmarks call it, as the baseline replay is measured against."""
+        with self._lock:
+            self._require_open()
+            old = self._res.recording
+            assert old is not None
+            self._res.recording = Recorder(self.device).record(
+                old.dispatches, timestamps=old.timestamps, uploads=old.uploads
+            )
+            old.destroy()
+            self.recordings += 1
+
     def gpu_time_ns(self) -> float | None:
         with self._lock:
             rec = self._res.recording

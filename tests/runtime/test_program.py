@@ -68,3 +68,31 @@ def test_refusals_are_typed_and_write_nothing(device):
     with pytest.raises(Closed):
         prog(x=x, w=w, table=table, tok=np.int32(0))
     assert prog.closed
+
+
+def test_rerecord_gives_the_same_answers(device):
+    """The benchmark's record-every-step baseline computes what the replay computes."""
+    table = np.arange(6, dtype=np.float32).reshape(3, 2)
+    w = np.array([1, 2, 3, 4], np.float32)
+    with pootvk.compile(counter_graph(), device) as prog:
+        prog.set_params(w=w, table=table)
+        for i in range(1, 4):
+            prog.rerecord()
+            out = prog(x=np.ones(4, np.float32), tok=np.int32(i - 1))
+            np.testing.assert_array_equal(out["y"], i * w)
+            np.testing.assert_array_equal(out["row"], table[i - 1])
+        assert prog.recordings == 4
+
+
+def test_model_decode_bench_quick(capsys, device):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "model_decode.py"
+    spec = importlib.util.spec_from_file_location("model_decode", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--quick", "--steps", "3", "--warmup", "1", "--check", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "check: 2 steps vs the oracle" in out
+    assert "replay" in out and "rerecord" in out and "host time per token" in out
