@@ -4,7 +4,8 @@ import re
 import shutil
 import subprocess
 
-from pootvk.ir import PRIMS, shape_rules
+from pootvk.ir import BF16, F16, PRIMS, shape_rules
+from pootvk.llm import LlamaConfig, trace_llama
 from pootvk.ops import trace_attention, trace_decode_step
 from pootvk.oracle import eval_rules
 from pootvk.passes import canonicalize, compile_graph
@@ -25,11 +26,21 @@ def graphs():
     yield trace_decode_step(1, 4, 4, 6, 10, q_rows=3)  # scalar (vec 1) path
     yield trace_attention((1, 12, 7, 40), (1, 1, 113, 40), (1, 1, 113, 72), (1, 12, 7, 113))
     yield trace_attention((3, 4, 1, 128), (3, 4, 1000, 128), (3, 4, 1000, 64))
+    # the test model: Gather of 16-bit and F32 rows, RMSNorm, RoPE, SwiGLU, F16 -> F32
+    for dt in ("float32", "float16"):
+        yield trace_llama(LlamaConfig(layers=1, q_heads=2, kv_heads=1, head_dim=8, hidden=16,
+                                      intermediate=32, vocab=10, capacity=8, weight_dtype=dt))
+
+
+def _has_16bit(g) -> bool:
+    return any(s.var.dtype in (F16, BF16) for s in g.slots)
 
 
 def all_sources():
     for g in graphs():
         for prof in recorded_profiles().values():
+            if _has_16bit(g) and not prof.extra.get("storage_buffer_16bit"):
+                continue  # refused with DtypeLowering (tested in tests/plan)
             for compiled in (compile_graph(g), canonicalize(g)):  # fused and primitive forms
                 for k in plan_graph(compiled, prof).kernels:
                     yield generate(k.request)
