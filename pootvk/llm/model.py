@@ -15,6 +15,7 @@ The KV caches are F32.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
@@ -127,14 +128,16 @@ def random_weights(cfg: LlamaConfig, seed: int = 0) -> dict[str, np.ndarray]:
     return out
 
 
-class _Decoder:
-    """Greedy decoding over a step function ``(token, pos) -> logits [vocab]``."""
+class _Decoder(ABC):
+    """Greedy decoding over a step function ``(token, pos) -> logits [vocab]``: the device
+    model and its oracle twin share the position bookkeeping and the greedy loop."""
 
     cfg: LlamaConfig
     position: int
 
+    @abstractmethod
     def _step(self, token: int, pos: int) -> np.ndarray:
-        raise NotImplementedError
+        """Run one token at ``pos``; the logits f32[vocab]."""
 
     def step(self, token: int) -> np.ndarray:
         """Feed one token at the next position; returns its logits f32[vocab]."""

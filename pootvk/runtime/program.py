@@ -10,8 +10,6 @@ graph's exports as numpy arrays. Nothing is re-recorded between calls.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import numpy as np
 
 from ..errors import BindError, Closed
@@ -51,9 +49,6 @@ class Program:
     def closed(self) -> bool:
         return self._replay.closed
 
-    def _names(self, kind: set[str], names: Iterable[str]) -> set[str]:
-        return kind & set(names)
-
     def __call__(self, **inputs: object) -> dict[str, np.ndarray]:
         """Bind ``inputs`` (params and states optional, per-step slots required), run the
         recording once, return the exports. A refused value raises a typed error before
@@ -69,8 +64,8 @@ class Program:
         if missing:
             name = sorted(missing)[0]
             raise BindError(name, self.graph.slot(name).var.aval(), "nothing", "a value of")
-        params = {n: inputs[n] for n in self._names(self._params, inputs)}
-        states = self._names(self._states, inputs)
+        params = {n: inputs[n] for n in self._params & set(inputs)}
+        states = self._states & set(inputs)
         if params or states:  # everything checked before the first byte is written
             check_bind(self.graph, inputs, only=set(inputs))
         if params:
