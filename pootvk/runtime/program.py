@@ -10,6 +10,8 @@ graph's exports as numpy arrays. Nothing is re-recorded between calls.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from ..errors import BindError, Closed
@@ -22,7 +24,8 @@ from . import build_replay, resolve_device
 
 class Program:
     """A compiled graph on one device. Call it with keyword arrays; close it (or use it as a
-    context manager) to free its buffers; the garbage collector frees it otherwise."""
+    context manager) to free its buffers; the garbage collector frees it otherwise. Calls
+    from several threads run one at a time (a call's binds and its step are not split)."""
 
     def __init__(self, graph: Graph, device: Device | int | str | None = None, *,
                  timestamps: bool = False) -> None:
@@ -34,6 +37,7 @@ class Program:
         self._states = {n for n, k in kinds.items() if k is SlotKind.STATE}
         self._per_step = {n for n, k in kinds.items() if k.per_step}
         self._unset = set(self._params)  # params not bound yet
+        self._lock = threading.Lock()  # a call's binds and its step, one caller at a time
 
     @property
     def plan(self) -> Plan:
@@ -53,6 +57,10 @@ class Program:
         """Bind ``inputs`` (params and states optional, per-step slots required), run the
         recording once, return the exports. A refused value raises a typed error before
         anything is written."""
+        with self._lock:
+            return self._call(inputs)
+
+    def _call(self, inputs: dict[str, object]) -> dict[str, np.ndarray]:
         if self._replay.closed:
             raise Closed("Program")
         unknown = set(inputs) - self._params - self._states - self._per_step
@@ -77,8 +85,9 @@ class Program:
 
     def set_params(self, **params: object) -> None:
         """Write weights without running (a call may also pass them)."""
-        self._replay.set_params(params)
-        self._unset -= set(params)
+        with self._lock:
+            self._replay.set_params(params)
+            self._unset -= set(params)
 
     def set_state(self, name: str, value: object) -> None:
         """Replace a state's value on the device (a new sequence: zeroed caches)."""
