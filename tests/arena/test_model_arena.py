@@ -20,15 +20,22 @@ def plan_layers(n: int, profile: str = "lavapipe"):
 def arena_intervals(plan):
     """(buffer, first kernel, last kernel, byte lo, byte hi, what) of every value and
     scratch in an arena buffer. A value lives from the first kernel of the eqn producing it
-    to the last kernel of the last eqn reading it (or exporting it: then to the end); a
-    scratch lives over the kernels of its eqn."""
+    to the last kernel of the last eqn reading it; an eqn that runs no kernel (a view) makes
+    its output an alias of its operand's bytes, so a read of the alias is a read of its
+    root. A scratch lives over the kernels of its eqn."""
     kernels_of: dict[int, list[int]] = {}
     for k, kern in enumerate(plan.kernels):
         kernels_of.setdefault(kern.eqn, []).append(k)
+    root: dict[int, int] = {}  # id(alias) -> id(root value)
     produced, last_read = {}, {}
     for i, e in enumerate(plan.graph.eqns):
+        if i not in kernels_of:  # no kernel: a view of its operand (or dead code)
+            for o in e.outputs:
+                if e.inputs:
+                    root[id(o)] = root.get(id(e.inputs[0]), id(e.inputs[0]))
+            continue
         for v in e.inputs:
-            last_read[id(v)] = i
+            last_read[root.get(id(v), id(v))] = i
         for o in e.outputs:
             produced[id(o)] = (i, o)
     observed = {id(v) for v in plan.graph.outputs().values()}
@@ -39,8 +46,7 @@ def arena_intervals(plan):
             continue
         assert vid not in observed  # exports and states have their own buffers
         first = kernels_of[i][0]
-        end = last_read.get(vid, i)
-        last = max(kernels_of[end][-1], first)
+        last = max(kernels_of[last_read.get(vid, i)][-1], first)
         rows.append((loc.buffer, first, last, loc.offset, loc.offset + loc.nbytes, f"eqn{i}"))
     for k, kern in enumerate(plan.kernels):
         for b in kern.bindings:
