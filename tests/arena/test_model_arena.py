@@ -81,7 +81,7 @@ def test_arena_peak_does_not_grow_with_depth(profile):
     assert peaks[2] == peaks[8] == peaks[32], peaks
     saved = [plans[n].arena_saved_bytes for n in (2, 8, 32)]
     assert saved[0] < saved[1] < saved[2]  # the intermediates grow, the arena does not
-    assert plans[32].arena_value_bytes > 100 * peaks[32]
+    assert plans[32].arena_value_bytes > 8 * plans[2].arena_value_bytes > 8 * peaks[2]
     for n, p in plans.items():
         assert [k.label for k in p.kernels].count("attention") == n  # every layer planned
         assert assert_no_live_overlap(p) > 0  # live pairs existed and none shared bytes
