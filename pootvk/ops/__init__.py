@@ -2,6 +2,7 @@
 
 from .attention import (
     attention_core,
+    attention_live,
     attention_masked,
     attention_prefill,
     causal_mask,
@@ -14,7 +15,7 @@ from .builder import Builder
 from .layers import rms_norm, rope, rope_tables
 
 __all__ = [
-    "Builder", "attention_core", "attention_masked", "attention_prefill", "causal_mask",
-    "repeat_kv", "rms_norm", "rope", "rope_tables", "softmax", "trace_attention",
+    "Builder", "attention_core", "attention_live", "attention_masked", "attention_prefill",
+    "causal_mask", "repeat_kv", "rms_norm", "rope", "rope_tables", "softmax", "trace_attention",
     "trace_decode_step",
 ]

@@ -8,7 +8,7 @@ from pootvk.ir import BF16, F16, PRIMS, shape_rules
 from pootvk.llm import LlamaConfig, trace_llama
 from pootvk.ops import trace_attention, trace_decode_step
 from pootvk.oracle import eval_rules
-from pootvk.passes import canonicalize, compile_graph
+from pootvk.passes import canonicalize, compile_graph, gate_state_writes
 from pootvk.plan import forced_schedule, plan_graph, plan_rules, recorded_profile, recorded_profiles
 from pootvk.shaders.compiler import compile_glsl
 from pootvk.shaders.generate import generate
@@ -26,6 +26,8 @@ def graphs():
     yield trace_decode_step(1, 4, 4, 6, 10, q_rows=3)  # scalar (vec 1) path
     yield trace_attention((1, 12, 7, 40), (1, 1, 113, 40), (1, 1, 113, 72), (1, 12, 7, 113))
     yield trace_attention((3, 4, 1, 128), (3, 4, 1000, 128), (3, 4, 1000, 64))
+    yield trace_decode_step(2, 8, 2, 64, 300, live=True, alibi=True)  # live + additive mask
+    yield trace_attention((2, 4, 1, 40), (2, 1, 113, 40), (2, 1, 113, 40), lengths=True)
     # the test model: Gather of 16-bit and F32 rows, RMSNorm, RoPE, SwiGLU, F16 -> F32
     for dt in ("float32", "float16"):
         yield trace_llama(LlamaConfig(layers=1, q_heads=2, kv_heads=1, head_dim=8, hidden=16,
@@ -41,7 +43,8 @@ def all_sources():
         for prof in recorded_profiles().values():
             if _has_16bit(g) and not prof.extra.get("storage_buffer_16bit"):
                 continue  # refused with DtypeLowering (tested in tests/plan)
-            for compiled in (compile_graph(g), canonicalize(g)):  # fused and primitive forms
+            # fused and primitive forms (state writes gated on the guards, as compiled)
+            for compiled in (compile_graph(g), gate_state_writes(canonicalize(g))):
                 for k in plan_graph(compiled, prof).kernels:
                     yield generate(k.request)
     yield generate_read(1 << 20, 1 << 14)
