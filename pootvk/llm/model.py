@@ -105,7 +105,7 @@ def trace_llama(cfg: LlamaConfig) -> Graph:
         b.set_state(f"l{i}.v_cache", vc2)
         x = b.add(x, linear(b.reshape(att, (1, hq * d)), f"l{i}.wo"))
         h = b.rms_norm(x, w[f"l{i}.mlp_norm"], cfg.eps)
-        gate = b.unary("Silu", linear(h, f"l{i}.w_gate"))
+        gate = b.silu(linear(h, f"l{i}.w_gate"))
         x = b.add(x, linear(b.mul(gate, linear(h, f"l{i}.w_up")), f"l{i}.w_down"))
     b.export("logits", linear(b.rms_norm(x, w["norm"], cfg.eps), "lm_head"))
     return b.build()

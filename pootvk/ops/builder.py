@@ -183,6 +183,31 @@ class Builder:
         outside [0, V) reads the nearest row (clamped, never out of bounds)."""
         return self.emit(P.GATHER, [table, indices])
 
+    def copy(self, x: Var) -> Var:
+        return self.emit(P.COPY, [x])
+
+    # unary shortcuts (``unary(op, x)`` takes any UnaryOp)
+    def neg(self, x: Var) -> Var:
+        return self.unary(UnaryOp.NEG, x)
+
+    def sqrt(self, x: Var) -> Var:
+        return self.unary(UnaryOp.SQRT, x)
+
+    def rsqrt(self, x: Var) -> Var:
+        return self.unary(UnaryOp.RSQRT, x)
+
+    def log(self, x: Var) -> Var:
+        return self.unary(UnaryOp.LOG, x)
+
+    def recip(self, x: Var) -> Var:
+        return self.unary(UnaryOp.RECIP, x)
+
+    def sigmoid(self, x: Var) -> Var:
+        return self.unary(UnaryOp.SIGMOID, x)
+
+    def silu(self, x: Var) -> Var:
+        return self.unary(UnaryOp.SILU, x)
+
     # --- layers ---------------------------------------------------------------------------
     # Chains of the primitives above, written as functions over a Builder in ops.layers and
     # ops.attention (which import this module, hence the imports inside the methods). The

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ShapeError
-from ..ir import F32, I32, ReduceOp, UnaryOp, Var
+from ..ir import F32, I32, ReduceOp, Var
 from .builder import Builder
 
 
@@ -25,7 +25,7 @@ def rms_norm(b: Builder, x: Var, weight: Var, eps: float = 1e-6) -> Var:
         raise ShapeError(f"rms_norm weight {weight.shape} does not match the last axis {d}")
     x = _f32(b, x)
     ss = b.reduce(ReduceOp.SUM, b.mul(x, x), axis=-1, keepdim=True)
-    inv = b.unary(UnaryOp.RSQRT, b.add(b.mul(ss, 1.0 / d), float(eps)))
+    inv = b.rsqrt(b.add(b.mul(ss, 1.0 / d), float(eps)))
     return b.mul(b.mul(x, inv), _f32(b, weight))
 
 

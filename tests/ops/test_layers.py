@@ -90,3 +90,20 @@ def test_attention_helpers_emit_the_fused_chain():
     kfull[:, :, 9], vfull[:, :, 9] = vals["k"][:, :, 0], vals["v"][:, :, 0]
     want = reference_attention(vals["q"], kfull[:, :, :10], vfull[:, :, :10])
     assert nse(r["out"], want) < 1e-10
+
+
+def test_unary_shortcuts_and_copy():
+    x = np.abs(rng.standard_normal((3, 4)).astype(np.float32)) + 0.5
+    b = Builder()
+    v = b.input("x", x.shape)
+    outs = {"neg": b.neg(v), "sqrt": b.sqrt(v), "rsqrt": b.rsqrt(v), "log": b.log(v),
+            "recip": b.recip(v), "sigmoid": b.sigmoid(v), "silu": b.silu(v), "copy": b.copy(v)}
+    for n, o in outs.items():
+        b.export(n, o)
+    r = evaluate(b.build(), {"x": x})
+    x64 = x.astype(np.float64)
+    want = {"neg": -x64, "sqrt": np.sqrt(x64), "rsqrt": 1 / np.sqrt(x64), "log": np.log(x64),
+            "recip": 1 / x64, "sigmoid": 1 / (1 + np.exp(-x64)),
+            "silu": x64 / (1 + np.exp(-x64)), "copy": x64}
+    for n in outs:
+        np.testing.assert_allclose(r[n], want[n], rtol=1e-6, err_msg=n)
