@@ -159,9 +159,9 @@ def kernel_summary(req: object) -> str:
 
 def _plan(args: argparse.Namespace) -> int:
     """The plan a user would get for one attention shape: no device needed."""
-    from .compile import compile_graph
     from .ir import BF16, F16, F32
     from .ops import trace_attention
+    from .passes import compile_graph
     from .plan import BufferRole, plan_graph, recorded_profile, recorded_profiles
 
     if args.profile not in recorded_profiles():

@@ -3,7 +3,7 @@
 ``Linear(a, w)`` computes ``a @ op(w)`` in F32, where ``op`` transposes the last two axes of
 ``w`` when ``transpose_b`` (the PyTorch/GGUF ``Linear`` layout ``W[N, K]``, K contiguous per
 output) and ``w`` is stored as ``b_dtype`` (F32, or F16/BF16 read as their 16-bit words and
-converted in registers). The compile pass ``compile.matmul_fold`` makes it from
+converted in registers). The compile pass ``passes.matmul_fold`` makes it from
 ``MatMul(a, [Transpose] [Convert] w)``, so neither a transpose kernel nor a convert kernel
 runs; its answer is the chain's answer bit for bit (the oracle computes the same matmul).
 """

@@ -12,8 +12,10 @@ from .attention import (
     trace_decode_step,
 )
 from .builder import Builder
+from .layers import rms_norm, rope, rope_tables
 
 __all__ = [
     "Builder", "attention_core", "attention_live", "attention_masked", "attention_prefill",
-    "causal_mask", "repeat_kv", "softmax", "trace_attention", "trace_decode_step",
+    "causal_mask", "repeat_kv", "rms_norm", "rope", "rope_tables", "softmax", "trace_attention",
+    "trace_decode_step",
 ]

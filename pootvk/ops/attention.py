@@ -1,6 +1,6 @@
 """Attention as primitive equations, exactly the chain of the seed document.
 
-No attention opcode is emitted here: ``compile.attention_rewrite`` recognises the chain and
+No attention opcode is emitted here: ``passes.attention_rewrite`` recognises the chain and
 fuses it. The causal mask is built in the graph from Iota against the position slot, so
 nothing per-step is baked into a kernel.
 """

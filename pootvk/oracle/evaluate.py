@@ -159,6 +159,13 @@ def _linear(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
     return _matmul([a, w], Params())
 
 
+@rule(P.GATHER)
+def _gather(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
+    """Rows of the table; an index outside [0, V) reads the nearest row (clamped)."""
+    table, idx = xs
+    return np.take(table, np.clip(idx.astype(np.int64), 0, table.shape[0] - 1), axis=0)
+
+
 @rule(P.ATTENTION)
 def _attention(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
     """The fused op, computed by the very rules of the chain it replaced (bit-identical)."""

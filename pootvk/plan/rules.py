@@ -76,7 +76,7 @@ def prim_request(
 #: Primitives whose kernels take 16-bit (F16/BF16) operands: pure data movement copies the
 #: 16-bit words, Convert converts through F32. Arithmetic on 16-bit values is not lowered.
 MOVES_16BIT = (P.RESHAPE, P.BROADCAST, P.TRANSPOSE, P.SLICE, P.CONCAT, P.COPY,
-               P.DYNAMIC_UPDATE_SLICE, P.CONVERT)
+               P.DYNAMIC_UPDATE_SLICE, P.CONVERT, P.GATHER)
 
 
 def _check_16bit(e: Eqn) -> None:
@@ -93,7 +93,7 @@ def _bound(req: PrimRequest, inputs: tuple[Var, ...]) -> tuple[Var, ...]:
 
 @plan_rules.register(
     *P.BINARY, P.UNARY, P.COMPARE, P.SELECT, P.CONVERT, P.IOTA, P.RESHAPE, P.BROADCAST,
-    P.TRANSPOSE, P.SLICE, P.CONCAT, P.REDUCE, P.COPY, P.INDEX_GUARD,
+    P.TRANSPOSE, P.SLICE, P.CONCAT, P.REDUCE, P.COPY, P.GATHER, P.INDEX_GUARD,
 )
 def _elementwise(e: Eqn, ctx: PlanContext) -> RuleResult:
     """One invocation per (first) output element; IndexGuard also binds its witness."""

@@ -261,6 +261,22 @@ def _dus(req: PrimRequest, n: list[str]) -> str:
     return "\n".join(lines)
 
 
+@rule(P.GATHER)
+def _gather(req: PrimRequest, n: list[str]) -> str:
+    """One invocation per output element: its row is the index word (clamped to the table,
+    the oracle's contract), its column the element's place in the row. 16-bit tables copy
+    their words as they are."""
+    (tshape, _dt) = req.inputs[0]
+    row = 1
+    for d in tshape[1:]:
+        row *= d
+    t = _operand(req, n, 1, f"gid / {row}u")
+    return (
+        f"    uint r = uint(clamp(int({t}), 0, {tshape[0] - 1}));\n"
+        f"    y[gid] = {n[0]}[r * {row}u + gid % {row}u];"
+    )
+
+
 @generators.register(PrimRequest)
 def generate_prim(req: PrimRequest) -> str:
     """GLSL source for a primitive request; its buffer blocks are ``req.bindings()``."""

@@ -3,10 +3,10 @@ run no Transpose or Convert kernel."""
 
 import pytest
 
-from pootvk.compile import compile_graph
 from pootvk.errors import ShapeError
 from pootvk.ir import F16, F32
 from pootvk.ops import Builder
+from pootvk.passes import compile_graph
 from pootvk.plan import (
     MatMulKind,
     MatMulRequest,

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from pootvk.cli import main
-from pootvk.compile import compile_graph
 from pootvk.errors import BindingRange, DtypeLowering
 from pootvk.ir import BF16, F16, F32
 from pootvk.ops import trace_attention
+from pootvk.passes import compile_graph
 from pootvk.plan import (
     AttentionRequest,
     DecodeCombineRequest,

@@ -4,10 +4,11 @@ import re
 import shutil
 import subprocess
 
-from pootvk.compile import canonicalize, compile_graph, gate_state_writes
 from pootvk.ir import BF16, F16, F32, PRIMS, shape_rules
+from pootvk.llm import LlamaConfig, trace_llama
 from pootvk.ops import Builder, trace_attention, trace_decode_step
 from pootvk.oracle import eval_rules
+from pootvk.passes import canonicalize, compile_graph, gate_state_writes
 from pootvk.plan import forced_schedule, plan_graph, plan_rules, recorded_profile, recorded_profiles
 from pootvk.shaders.compiler import compile_glsl
 from pootvk.shaders.generate import generate
@@ -28,6 +29,10 @@ def graphs():
     yield trace_attention((3, 4, 1, 128), (3, 4, 1000, 128), (3, 4, 1000, 64))
     yield trace_decode_step(2, 8, 2, 64, 300, live=True, alibi=True)  # live + additive mask
     yield trace_attention((2, 4, 1, 40), (2, 1, 113, 40), (2, 1, 113, 40), lengths=True)
+    # the test model: Gather of 16-bit and F32 rows, RMSNorm, RoPE, SwiGLU, F16 -> F32
+    for dt in ("float32", "float16"):
+        yield trace_llama(LlamaConfig(layers=1, q_heads=2, kv_heads=1, head_dim=8, hidden=16,
+                                      intermediate=32, vocab=10, capacity=8, weight_dtype=dt))
     yield matmul_graph()
 
 

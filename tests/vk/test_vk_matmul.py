@@ -12,10 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pootvk.compile import compile_graph
 from pootvk.ir import BF16, F16, F32, DType
 from pootvk.ir import prims as P
 from pootvk.ops import Builder
+from pootvk.passes import compile_graph
 from pootvk.plan import MatMulKind, MatMulRequest, forced_matmul
 from pootvk.runtime import build_replay
 from tests.helpers import assert_close, examples

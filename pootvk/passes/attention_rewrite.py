@@ -8,7 +8,7 @@ Matched (after canonicalization), from the output back:
 where ``rep`` is the GQA repeat (Reshape -> Broadcast -> Reshape, or nothing). The live form
 (``ops.attention_live``) adds ``Select(t < len, s, -inf)`` around the scores and
 ``Select(t < len, k|v, 0)`` on the K/V rows before the repeat; it fuses to a form with
-``live`` and the ``len [B]`` operand only when value ranges (``compile.ranges``) prove
+``live`` and the ``len [B]`` operand only when value ranges (``passes.ranges``) prove
 ``1 <= len <= Lk``, else the chain stays primitive (same answer). The fused eqn
 reuses the chain's output Var, so nothing downstream is renamed. A chain is left alone when
 it cannot be typed as Attention (rank, batch broadcast, mask shape, non-literal scale), is

@@ -2,11 +2,11 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pootvk.compile import attention_rewrite, canonicalize, compile_graph
 from pootvk.ir import F16, F32, MaskKind
 from pootvk.ir import prims as P
 from pootvk.ops import Builder, attention_core, softmax, trace_attention, trace_decode_step
 from pootvk.oracle import evaluate
+from pootvk.passes import attention_rewrite, canonicalize, compile_graph
 from tests.helpers import random_inputs
 
 GOLDEN = """\

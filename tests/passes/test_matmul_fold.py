@@ -5,13 +5,13 @@ not fold stays as traced."""
 import numpy as np
 import pytest
 
-from pootvk.compile import compile_graph, matmul_fold
 from pootvk.errors import ShapeError
 from pootvk.ir import BF16, F16, F32, I32, LinearForm, check_graph, new_eqn
 from pootvk.ir import prims as P
 from pootvk.ir.printing import format_graph
 from pootvk.ops import Builder
 from pootvk.oracle import evaluate
+from pootvk.passes import compile_graph, matmul_fold
 from tests.helpers import random_inputs
 
 
