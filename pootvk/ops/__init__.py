@@ -7,6 +7,7 @@ from .attention import (
     causal_mask,
     repeat_kv,
     softmax,
+    split_key,
     trace_attention,
     trace_decode_step,
 )
@@ -14,5 +15,5 @@ from .builder import Builder
 
 __all__ = [
     "Builder", "attention_core", "attention_masked", "attention_prefill", "causal_mask",
-    "repeat_kv", "softmax", "trace_attention", "trace_decode_step",
+    "repeat_kv", "softmax", "split_key", "trace_attention", "trace_decode_step",
 ]

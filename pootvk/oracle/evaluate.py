@@ -13,7 +13,19 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from ..errors import UnsupportedPrimitive
-from ..ir import F32, CompareOp, Eqn, Graph, Literal, Params, ReduceOp, RuleTable, UnaryOp, Var
+from ..ir import (
+    F32,
+    CompareOp,
+    Eqn,
+    Graph,
+    Literal,
+    Params,
+    ReduceOp,
+    RuleTable,
+    UnaryOp,
+    Var,
+    attention_operands,
+)
 from ..ir import prims as P
 from ..ir.bind import check_bind
 
@@ -146,9 +158,14 @@ def _dus(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
 @rule(P.ATTENTION)
 def _attention(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
     """The fused op, computed by the very rules of the chain it replaced (bit-identical)."""
-    q, k, v, *rest = xs
     form = p["form"]
+    ops = attention_operands(form, xs)
+    q, k, v = ops["q"], ops["k"], ops["v"]
     n_rep = form.n_rep
+    if "k_shared" in ops:  # the split key's chain: concat(k, broadcast(k_shared)), stored
+        ks = ops["k_shared"]
+        ks = _broadcast([ks], Params(shape=(*k.shape[:3], ks.shape[3])))
+        k = _concat([k, ks], Params(axis=3))
     if form.kv_dtype is not F32:  # the chain's Convert(k16 -> F32), as its rule computes it
         k, v = _convert([k], Params(dtype=F32)), _convert([v], Params(dtype=F32))
 
@@ -167,8 +184,8 @@ def _attention(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
     if form.softcap is not None:
         cap = f32(form.softcap)
         s = mul([_unary([div([s, cap], none)], Params(op=UnaryOp.TANH)), cap], none)
-    if rest:
-        s = eval_rules[P.ADD]([s, rest[0]], none)
+    if "mask" in ops:
+        s = eval_rules[P.ADD]([s, ops["mask"]], none)
     m = _reduce([s], Params(op=ReduceOp.MAX, axis=3, keepdim=True))
     ex = _unary([eval_rules[P.SUB]([s, m], none)], Params(op=UnaryOp.EXP))
     den = _reduce([ex], Params(op=ReduceOp.SUM, axis=3, keepdim=True))
