@@ -42,7 +42,7 @@ def _vec(r: AttentionRequest) -> str:
 
 def bindings_part(r: AttentionRequest) -> str:
     t = _vec(r)
-    return declare_bindings(r.bindings(), {"q": t, "k": t, "v": t, "o": t})
+    return declare_bindings(r.bindings(), {"q": t, "k": t, "k_shared": t, "v": t, "o": t})
 
 
 def indexing_part(r: AttentionRequest) -> str:
@@ -56,6 +56,7 @@ def indexing_part(r: AttentionRequest) -> str:
     uint lane = gl_LocalInvocationID.x;
     uint qb = ((b * {r.hq}u + h) * {r.lq}u + row) * DK;
     uint kbase = (b * {r.hkv}u + g) * LK;
+    uint ksbase = b * LK;  // split key: k_shared's rows of this batch row (every head)
 """
 
 
@@ -80,7 +81,9 @@ def online_update(r: AttentionRequest) -> str:
     running (m, l, acc) and the accumulation of their value rows."""
     t = _vec(r)
     keys = range(r.keys_per_step)
-    dot = "dot(qd, k[kb{j} + d])" if r.vec == 4 else "qd * k[kb{j} + d]"
+    def dot(buf: str, j: int) -> str:
+        return f"dot(qd, {buf}[{buf}b{j} + d])" if r.vec == 4 else f"qd * {buf}[{buf}b{j} + d]"
+
     body = []
     for j in keys:
         if j:
@@ -89,13 +92,23 @@ def online_update(r: AttentionRequest) -> str:
             body.append(f"        if (!ok{j}) t{j} = t;")
         else:
             body.append("        uint t0 = t;")
-        body.append(f"        uint kb{j} = (kbase + t{j}) * DK;")
+        body.append(f"        uint kb{j} = (kbase + t{j}) * DKN;")
+        if r.dk_shared:
+            body.append(f"        uint k_sharedb{j} = (ksbase + t{j}) * DKS;")
         body.append(f"        float s{j} = 0.0;")
-    body.append("        [[dont_unroll]] for (uint d = 0u; d < DK; ++d) {")
+    # the key's own channels from k, then (split key) the shared ones from k_shared: the
+    # broadcast key is never built
+    body.append("        [[dont_unroll]] for (uint d = 0u; d < DKN; ++d) {")
     body.append("            " + t + " qd = q[qb + d];")
     for j in keys:
-        body.append(f"            s{j} += {dot.format(j=j)};")
+        body.append(f"            s{j} += {dot('k', j)};")
     body.append("        }")
+    if r.dk_shared:
+        body.append("        [[dont_unroll]] for (uint d = 0u; d < DKS; ++d) {")
+        body.append("            " + t + " qd = q[qb + DKN + d];")
+        for j in keys:
+            body.append(f"            s{j} += {dot('k_shared', j)};")
+        body.append("        }")
     for j in keys:
         body += score_transform(r, f"s{j}", f"t{j}")
         if j:  # a key past the end adds zero weight (its reads were clamped to a valid row)
@@ -174,6 +187,8 @@ def generate_attention(r: AttentionRequest) -> str:
 layout(push_constant) uniform Push {{ uint lk; }} pc;  // keys: one kernel, every length
 const uint LANES = {r.lanes}u;
 const uint DK = {r.dk // r.vec}u;  // in units of {t}
+const uint DKN = {(r.dk - r.dk_shared) // r.vec}u;  // k's own row width
+const uint DKS = {r.dk_shared // r.vec}u;  // k_shared's row width (split key)
 const uint DV = {r.dv // r.vec}u;
 shared {t} s_acc[DV * LANES];  // [channel][lane]
 shared float s_m[LANES];
