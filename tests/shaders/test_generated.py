@@ -25,6 +25,9 @@ def graphs():
     yield trace_decode_step(1, 4, 4, 6, 10, q_rows=3)  # scalar (vec 1) path
     yield trace_attention((1, 12, 7, 40), (1, 1, 113, 40), (1, 1, 113, 72), (1, 12, 7, 113))
     yield trace_attention((3, 4, 1, 128), (3, 4, 1000, 128), (3, 4, 1000, 64))
+    # split key (latent attention): k 64 wide + k_shared 32, GQA over two KV heads
+    yield trace_attention((2, 8, 1, 96), (2, 2, 300, 64), (2, 2, 300, 64),
+                          k_shared_shape=(2, 1, 300, 32))
 
 
 def all_sources():
