@@ -258,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"device: {device.name} ({prof.device_type}, {prof.driver}, "
           f"{prof.compute_units or '?'} compute units)")
     print(clock.note or f"SM clock: {clock.sm_mhz()} MHz now, maximum {clock.max_mhz} MHz")
+    coop = sorted(e for e in device.physical.extensions if "cooperative_matrix" in e)
+    print(f"cooperative-matrix extensions (tensor cores from Vulkan): {', '.join(coop) or 'none'}")
     ceiling = read_ceiling(device, nbytes=8 << 20 if args.quick else None,
                            reps=3 if args.quick else 10)
     b, hq, hkv, lk, dk, s, dv = shape

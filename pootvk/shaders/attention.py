@@ -20,11 +20,13 @@ first call at D=128 took 40 s on lavapipe from Mesa 25.0.7 (3.5 s on Mesa 22.3);
 The key count Lk is a push constant, so one SPIR-V module and one driver pipeline serve
 every length.
 
-Bindings: the request's ``bindings()`` (q, k, v, [mask], o); with ``vec == 4`` q/k/v/o are
-read as vec4. The kernel is composed of named parts that later schedules reuse: bindings,
-indexing (which rows a workgroup owns), the score transform (scale, softcap, mask), the
-online update (running max, denominator, accumulator), the fold across lanes, and the
-epilogue (normalise and store).
+Bindings: the request's ``bindings()`` (q, k, [k_shared], v, [mask], o); with ``vec == 4``
+they are read as vec4. A split key (``dk_shared = s``) scores each key against k's own
+``Dk - s`` channels and then the batch row's k_shared row (one for every head): the
+broadcast key is never built. The kernel is composed of named parts that later schedules
+reuse: bindings, indexing (which rows a workgroup owns), the score transform (scale,
+softcap, mask), the online update (running max, denominator, accumulator), the fold across
+lanes, and the epilogue (normalise and store).
 """
 
 from __future__ import annotations
@@ -46,7 +48,9 @@ def bindings_part(r: AttentionRequest) -> str:
 
 
 def indexing_part(r: AttentionRequest) -> str:
-    """Which (batch, head, query row) this workgroup owns, and where its q, k/v rows start."""
+    """Which (batch, head, query row) this workgroup owns, and where its q, k/v rows start
+    (a split key's k_shared rows: those of the batch row, the same for every head)."""
+    shared = "    uint ksbase = b * LK;\n" if r.dk_shared else ""
     return f"""    uint wg = {group_id(r.grid[0])};
     if (wg >= {r.workgroups}u) return;  // uniform over the workgroup: before any barrier
     uint row = wg % {r.lq}u;
@@ -56,8 +60,7 @@ def indexing_part(r: AttentionRequest) -> str:
     uint lane = gl_LocalInvocationID.x;
     uint qb = ((b * {r.hq}u + h) * {r.lq}u + row) * DK;
     uint kbase = (b * {r.hkv}u + g) * LK;
-    uint ksbase = b * LK;  // split key: k_shared's rows of this batch row (every head)
-"""
+{shared}"""
 
 
 def score_transform(r: AttentionRequest, s: str, t: str, indent: str = "        ") -> list[str]:
@@ -188,8 +191,10 @@ layout(push_constant) uniform Push {{ uint lk; }} pc;  // keys: one kernel, ever
 const uint LANES = {r.lanes}u;
 const uint DK = {r.dk // r.vec}u;  // in units of {t}
 const uint DKN = {(r.dk - r.dk_shared) // r.vec}u;  // k's own row width
-const uint DKS = {r.dk_shared // r.vec}u;  // k_shared's row width (split key)
-const uint DV = {r.dv // r.vec}u;
+"""
+        + (f"const uint DKS = {r.dk_shared // r.vec}u;  // k_shared's row width\n"
+           if r.dk_shared else "")
+        + f"""const uint DV = {r.dv // r.vec}u;
 shared {t} s_acc[DV * LANES];  // [channel][lane]
 shared float s_m[LANES];
 shared float s_l[LANES];

@@ -26,6 +26,11 @@ constant.
 Combine kernel: one invocation per output element, ``out = sum_i o_i exp(m_i - M) /
 sum_i l_i exp(m_i - M)``.
 
+A split key (``dk_shared = s``, latent attention): a lane's key slice is its share of k's
+own ``Dk - s`` channels followed by its share of the batch row's k_shared row (bound as
+``ks``, one row per key for every KV head), the query's channels in the same order; the
+dot, reduction and everything after are unchanged, and the broadcast key is never built.
+
 16-bit K/V are read as packed words (``uvec4`` = 8 halves = 16 bytes, or ``uvec2``):
 ``unpackHalf2x16`` for F16, a 16-bit shift into a float's top bits for BF16; all math is F32.
 """
