@@ -114,7 +114,8 @@ def sweep(shape, default: DecodeRequest | None, compute_units: int | None) -> li
     if default is None:
         return []
     n_rep = shape[1] // shape[2]
-    rows = [r for r in (1, 2, 4, 8, 16) if n_rep % r == 0 and r != default.rows_per_wg]
+    # (16 rows would hold ~1k floats per lane at Dk+Dv=1088: a pathological spill)
+    rows = [r for r in (1, 2, 4, 8) if n_rep % r == 0 and r != default.rows_per_wg]
     out: list[dict] = [{"schedule": "grouped", "rows_per_wg": r} for r in rows]
     base = default.workgroups // default.splits
     for sp in sorted({max(1, default.splits // 2), default.splits * 2,
