@@ -136,6 +136,11 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _split_note(req: object) -> str:
+    s = getattr(req, "dk_shared", 0)
+    return f", split key (k_shared {s} wide, read once for every head)" if s else ""
+
+
 def kernel_summary(req: object) -> str:
     """One line for a planned kernel: its schedule, launch shape and split count."""
     from .plan import AttentionRequest, DecodeCombineRequest, DecodeRequest, PrimRequest
@@ -145,13 +150,13 @@ def kernel_summary(req: object) -> str:
         return (f"grouped split-KV: {req.workgroups} workgroups x {req.local_size} lanes "
                 f"({req.lanes_per_key} lanes/key, {req.rows_per_wg} rows each, "
                 f"{'subgroup' if req.subgroup else 'shared-memory'} reduction), "
-                f"splits={req.splits}{extra}, K/V {req.kv_dtype}")
+                f"splits={req.splits}{extra}, K/V {req.kv_dtype}{_split_note(req)}")
     if isinstance(req, DecodeCombineRequest):
         p = req.partial
         return f"split combine: {p.combine_threads} invocations, splits={p.splits}"
     if isinstance(req, AttentionRequest):
         return (f"streaming: {req.workgroups} workgroups x {req.lanes} lanes, splits=1, "
-                f"{req.keys_per_step} keys/step")
+                f"{req.keys_per_step} keys/step{_split_note(req)}")
     if isinstance(req, PrimRequest):
         return f"{req.prim}: {req.threads} invocations"
     return repr(req)

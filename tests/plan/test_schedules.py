@@ -130,6 +130,7 @@ def test_split_key_plan_builds_no_broadcast_key(capsys, profile):
     assert str(lk * 576 * item) not in buffers.values()  # no whole-key buffer anywhere
     assert f"K/V read: {lk * (512 + 64 + 512) * item} B" in out
     assert "shared 64" in out  # the attention kernel is the split-key one
+    assert "split key (k_shared 64 wide, read once for every head)" in kernels[0]
 
 
 def test_split_key_mla_schedule_fits_the_registers_and_compiles():
