@@ -5,9 +5,11 @@ from __future__ import annotations
 from ..ir import Graph, check_graph
 from .attention_rewrite import attention_rewrite
 from .canonicalize import canonicalize, dead_code_elimination
+from .ranges import elide_proven_guards, gate_state_writes, value_ranges
 from .simplify import cse, fold_constants
 
-PASSES = (canonicalize, cse, fold_constants, attention_rewrite, canonicalize)
+PASSES = (canonicalize, cse, fold_constants, elide_proven_guards, attention_rewrite,
+          canonicalize, gate_state_writes)
 
 
 def compile_graph(g: Graph, *, check: bool = True) -> Graph:
@@ -23,5 +25,5 @@ def compile_graph(g: Graph, *, check: bool = True) -> Graph:
 
 __all__ = [
     "attention_rewrite", "canonicalize", "compile_graph", "cse", "dead_code_elimination",
-    "fold_constants",
+    "elide_proven_guards", "fold_constants", "gate_state_writes", "value_ranges",
 ]

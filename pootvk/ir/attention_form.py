@@ -1,9 +1,10 @@
 """The Attention form as data: one frozen record and the one validator everybody calls.
 
 An ``AttentionForm`` names everything a fused attention computes besides its operands'
-shapes: the mask kind (none, an additive mask with its broadcast axes, or a live length),
-the key layout (dense, split, paged), the K/V storage dtype, the scale, the softcap and the
-GQA ratio. ``pootvk.attention``, the tracer and the shape rule all validate through
+shapes: the mask kind (none, or an additive mask with its broadcast axes), the live length
+(an I32 ``len [B]`` operand: keys at ``t >= len[b]`` are never visited), the key layout
+(dense, split, paged), the K/V storage dtype, the scale, the softcap and the GQA ratio.
+``pootvk.attention``, the tracer and the shape rule all validate through
 :func:`check_attention`, so a shape is refused with the same message wherever it enters.
 
 Adding a form: add the enum member, teach :func:`check_attention` its operands, then give
@@ -18,7 +19,7 @@ from enum import Enum
 from typing import TypeVar
 
 from ..errors import ShapeError, UnsupportedPrimitive
-from .dtypes import BF16, F16, F32, DType
+from .dtypes import BF16, F16, F32, I32, DType
 
 Shape = tuple[int, ...]
 T = TypeVar("T")
@@ -27,7 +28,6 @@ T = TypeVar("T")
 class MaskKind(Enum):
     NONE = "none"
     ADDITIVE = "additive"  # an operand [B|1, Hq|1, Lq|1, Lk] added to the scores
-    LIVE = "live"  # an i32 length per batch row: keys at t >= len[b] are ignored
 
 
 class KeyLayout(Enum):
@@ -39,7 +39,10 @@ class KeyLayout(Enum):
 @dataclass(frozen=True)
 class AttentionForm:
     """Everything but the shapes. ``mask_bcast`` says which of (B, H, Lq) the additive mask
-    broadcasts over (extent 1); it is None for other mask kinds. ``shared_width`` is the
+    broadcasts over (extent 1); it is None for other mask kinds. ``live``: the last operand
+    is an I32 ``len [B]``; row b attends to keys ``t < len[b]`` only (the rewrite emits it
+    when value ranges prove ``1 <= len <= Lk``; kernels clamp it into ``0..=Lk``). It is
+    orthogonal to the additive mask (ALiBi over a live cache). ``shared_width`` is the
     split key's ``s``: the last ``s`` key channels come from the ``k_shared`` operand
     [B, 1, Lk, s], one row per key read for every head (0 unless ``keys`` is SPLIT)."""
 
@@ -50,6 +53,7 @@ class AttentionForm:
     mask_bcast: tuple[bool, bool, bool] | None = None
     keys: KeyLayout = KeyLayout.DENSE
     kv_dtype: DType = F32
+    live: bool = False
     shared_width: int = 0
 
     def __post_init__(self) -> None:
@@ -67,6 +71,8 @@ class AttentionForm:
         if self.mask_bcast is not None:
             mask += "[" + ",".join("1" if b else "n" for b in self.mask_bcast) + "]"
         parts.append(f"mask={mask}")
+        if self.live:
+            parts.append("live")
         if self.keys is KeyLayout.SPLIT:
             parts.append(f"keys=split[{self.shared_width}]")
         elif self.keys is not KeyLayout.DENSE:
@@ -77,12 +83,13 @@ class AttentionForm:
 
     @property
     def roles(self) -> tuple[str, ...]:
-        """The fused eqn's operand roles in operand order: q, k, v, then the mask (an
-        additive mask, or ``len`` for a live length), then ``k_shared`` for a split key.
-        Kernels bind by these names (``attention_operands``)."""
-        mask = {MaskKind.NONE: (), MaskKind.ADDITIVE: ("mask",), MaskKind.LIVE: ("len",)}
-        split = ("k_shared",) if self.keys is KeyLayout.SPLIT else ()
-        return ("q", "k", "v", *mask[self.mask], *split)
+        """The fused eqn's operand roles in operand order: q, k, v, then the additive mask,
+        the live length ``len``, and a split key's ``k_shared``, each where the form has it.
+        Stages take operands by these names (``attention_operands``); kernels bind them by
+        the same names."""
+        return ("q", "k", "v", *(("mask",) if self.mask is MaskKind.ADDITIVE else ()),
+                *(("len",) if self.live else ()),
+                *(("k_shared",) if self.keys is KeyLayout.SPLIT else ()))
 
     @property
     def n_operands(self) -> int:
@@ -175,10 +182,8 @@ def check_form_operands(
     form: AttentionForm, shapes: Sequence[Shape], dtypes: Sequence[DType]
 ) -> tuple[Shape, DType]:
     """The shape rule of a fused Attention eqn: its operands against its form."""
-    if form.keys is KeyLayout.PAGED or form.mask is MaskKind.LIVE:
-        raise UnsupportedPrimitive(
-            "Attention", f"the {form.keys.value} key / {form.mask.value} mask form is not built"
-        )
+    if form.keys is KeyLayout.PAGED:
+        raise UnsupportedPrimitive("Attention", f"the {form.keys.value} key form is not built")
     sh = attention_operands(form, shapes)
     dt = attention_operands(form, dtypes)
     mask, ks = sh.get("mask"), sh.get("k_shared")
@@ -197,4 +202,7 @@ def check_form_operands(
         raise ShapeError(f"Attention computes in f32: q is {dt['q'].value}")
     if mask is not None and dt["mask"] is not F32:
         raise ShapeError(f"Attention mask must be f32, got {dt['mask'].value}")
+    if form.live and (tuple(sh["len"]) != (out[0],) or dt["len"] is not I32):
+        raise ShapeError(f"Attention live length must be i32[{out[0]}], "
+                         f"got {dt['len'].value}{list(sh['len'])}")
     return out, F32

@@ -78,8 +78,8 @@ def decode_problem(e: Eqn) -> DecodeProblem:
     return DecodeProblem(
         b=b, hq=hq, hkv=k.shape[1], lq=lq, lk=k.shape[2], dk=dk, dv=v.shape[3],
         scale=float(form.scale), softcap=None if form.softcap is None else float(form.softcap),
-        mask=tuple(mask.shape[:3]) if mask is not None else None, kv_dtype=form.kv_dtype.value,
-        dk_shared=form.shared_width,
+        mask=None if mask is None else tuple(mask.shape[:3]), kv_dtype=form.kv_dtype.value,
+        live_len=form.live, dk_shared=form.shared_width,
     )
 
 
@@ -112,7 +112,7 @@ def attention_request(e: Eqn, profile: DeviceProfile) -> AttentionRequest:
     kps = 2 if profile.device_type == "cpu" else 4
     return AttentionRequest(
         b=p.b, hq=p.hq, hkv=p.hkv, lq=p.lq, lk=p.lk, dk=p.dk, dv=p.dv, scale=p.scale,
-        softcap=p.softcap, mask=p.mask, lanes=choose_lanes(p.dv, profile),
+        softcap=p.softcap, mask=p.mask, live=p.live_len, lanes=choose_lanes(p.dv, profile),
         vec=4 if all(w % 4 == 0 for w in (*p.key_widths, p.dv)) else 1,
         grid=fold_grid(p.b * p.hq * p.lq, profile.max_grid), keys_per_step=kps,
         dk_shared=p.dk_shared,

@@ -20,13 +20,17 @@ first call at D=128 took 40 s on lavapipe from Mesa 25.0.7 (3.5 s on Mesa 22.3);
 The key count Lk is a push constant, so one SPIR-V module and one driver pipeline serve
 every length.
 
-Bindings: the request's ``bindings()`` (q, k, [k_shared], v, [mask], o); with ``vec == 4``
-they are read as vec4. A split key (``dk_shared = s``) scores each key against k's own
-``Dk - s`` channels and then the batch row's k_shared row (one for every head): the
-broadcast key is never built. The kernel is composed of named parts that later schedules
-reuse: bindings, indexing (which rows a workgroup owns), the score transform (scale,
-softcap, mask), the online update (running max, denominator, accumulator), the fold across
-lanes, and the epilogue (normalise and store).
+With ``live`` the request binds ``len`` (I32 [B]): row b's loop visits keys
+``t < clamp(len[b], 0, Lk)`` only (``live_bound``); Lk stays the K/V row stride, and the
+grid and recording do not depend on the length.
+
+Bindings: the request's ``bindings()`` (q, k, [k_shared], v, [mask], [len], o); with
+``vec == 4`` q/k/v/o are read as vec4. A split key (``dk_shared = s``) scores each key
+against k's own ``Dk - s`` channels and then the batch row's k_shared row (one for every
+head): the broadcast key is never built. The kernel is composed of named parts that later
+schedules reuse: bindings, indexing (which rows a workgroup owns), the score transform
+(scale, softcap, mask), the online update (running max, denominator, accumulator), the fold
+across lanes, and the epilogue (normalise and store).
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ def bindings_part(r: AttentionRequest) -> str:
 def indexing_part(r: AttentionRequest) -> str:
     """Which (batch, head, query row) this workgroup owns, and where its q, k/v rows start
     (a split key's k_shared rows: those of the batch row, the same for every head)."""
-    shared = "    uint ksbase = b * LK;\n" if r.dk_shared else ""
+    shared = "    uint ksbase = b * LK_CAP;\n" if r.dk_shared else ""
     return f"""    uint wg = {group_id(r.grid[0])};
     if (wg >= {r.workgroups}u) return;  // uniform over the workgroup: before any barrier
     uint row = wg % {r.lq}u;
@@ -59,7 +63,7 @@ def indexing_part(r: AttentionRequest) -> str:
     uint g = h / {r.n_rep}u;
     uint lane = gl_LocalInvocationID.x;
     uint qb = ((b * {r.hq}u + h) * {r.lq}u + row) * DK;
-    uint kbase = (b * {r.hkv}u + g) * LK;
+    uint kbase = (b * {r.hkv}u + g) * LK_CAP;
 {shared}"""
 
 
@@ -73,10 +77,18 @@ def score_transform(r: AttentionRequest, s: str, t: str, indent: str = "        
         mb, mh, mq = r.mask
         mrow = (
             f"(({'b' if mb > 1 else '0u'} * {mh}u + {'h' if mh > 1 else '0u'}) * {mq}u"
-            f" + {'row' if mq > 1 else '0u'}) * LK"
+            f" + {'row' if mq > 1 else '0u'}) * LK_CAP"
         )
         lines.append(f"{s} += mask[{mrow} + {t}];")
     return [indent + x for x in lines]
+
+
+def live_bound(r: AttentionRequest) -> str:
+    """``LK``, the keys this row visits: all of them, or with a live length ``len[b]``
+    clamped into 0..=Lk (no length reads outside the buffers; the grid never changes)."""
+    if r.live:
+        return "    uint LK = uint(clamp(len[b], 0, int(LK_CAP)));\n"
+    return "    uint LK = LK_CAP;\n"
 
 
 def online_update(r: AttentionRequest) -> str:
@@ -201,9 +213,10 @@ shared float s_l[LANES];
 
 void main() {{
     const float NEG_INF = {NEG_INF};  // a bit pattern: not a constant expression globally
-    uint LK = pc.lk;
+    uint LK_CAP = pc.lk;  // the K/V row stride
 """
         + indexing_part(r)
+        + live_bound(r)
         + online_update(r)
         + fold_part(r)
         + epilogue(r)

@@ -210,3 +210,17 @@ def test_split_key_form_is_validated():
     assert form.roles == ("q", "k", "v", "k_shared") and "keys=split[4]" in form.describe()
     with pytest.raises(ShapeError, match="takes 4 operands"):
         attention_operands(form, (1, 2, 3))
+
+
+def test_split_key_with_a_live_length_fuses_both():
+    g = trace_attention((2, 4, 1, 12), (2, 2, 7, 8), (2, 2, 7, 6), k_shared_shape=(2, 1, 7, 4),
+                        lengths=True, kv_dtype=F16)
+    c = compile_graph(g)
+    (att,) = [e for e in c.eqns if e.prim is P.ATTENTION]
+    form = att.params["form"]
+    assert form.live and form.keys is KeyLayout.SPLIT and form.kv_dtype is F16
+    assert form.roles == ("q", "k", "v", "len", "k_shared")
+    assert c.count(P.CONCAT) == 0 and c.count(P.BROADCAST) == 0
+    ins = random_inputs(g, np.random.default_rng(3))
+    ins["lengths"] = np.array([3, 7], np.int32)
+    assert same(evaluate(g, ins), evaluate(c, ins))

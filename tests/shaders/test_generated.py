@@ -4,7 +4,7 @@ import re
 import shutil
 import subprocess
 
-from pootvk.compile import canonicalize, compile_graph
+from pootvk.compile import canonicalize, compile_graph, gate_state_writes
 from pootvk.ir import PRIMS, shape_rules
 from pootvk.ops import trace_attention, trace_decode_step
 from pootvk.oracle import eval_rules
@@ -25,15 +25,20 @@ def graphs():
     yield trace_decode_step(1, 4, 4, 6, 10, q_rows=3)  # scalar (vec 1) path
     yield trace_attention((1, 12, 7, 40), (1, 1, 113, 40), (1, 1, 113, 72), (1, 12, 7, 113))
     yield trace_attention((3, 4, 1, 128), (3, 4, 1000, 128), (3, 4, 1000, 64))
+    yield trace_decode_step(2, 8, 2, 64, 300, live=True, alibi=True)  # live + additive mask
+    yield trace_attention((2, 4, 1, 40), (2, 1, 113, 40), (2, 1, 113, 40), lengths=True)
     # split key (latent attention): k 64 wide + k_shared 32, GQA over two KV heads
     yield trace_attention((2, 8, 1, 96), (2, 2, 300, 64), (2, 2, 300, 64),
                           k_shared_shape=(2, 1, 300, 32))
+    yield trace_attention((2, 8, 1, 96), (2, 2, 300, 64), (2, 2, 300, 64),
+                          k_shared_shape=(2, 1, 300, 32), lengths=True)  # split + live
 
 
 def all_sources():
     for g in graphs():
         for prof in recorded_profiles().values():
-            for compiled in (compile_graph(g), canonicalize(g)):  # fused and primitive forms
+            # fused and primitive forms (state writes gated on the guards, as compiled)
+            for compiled in (compile_graph(g), gate_state_writes(canonicalize(g))):
                 for k in plan_graph(compiled, prof).kernels:
                     yield generate(k.request)
     yield generate_read(1 << 20, 1 << 14)

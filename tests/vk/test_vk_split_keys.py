@@ -92,3 +92,22 @@ def test_split_key_refusals_name_the_widths(device):
         pootvk.attention(q, k, v, k_shared=ks.astype(np.float16), device=device)
     with pytest.raises(BindError, match="rank 4"):
         pootvk.attention(q, k, v, k_shared=ks[0], device=device)
+
+
+@pytest.mark.parametrize("schedule", ["streaming", "grouped", "split7"])
+def test_split_key_with_a_live_length(device, schedule):
+    """lengths= and k_shared= together: keys t >= lengths[b] are never read, even NaN ones
+    in k_shared (the split part) or k."""
+    b, hq, hkv, lk, dk, s, dv = 2, 8, 2, 300, 48, 16, 40
+    q, k, ks, v = split_inputs(np.random.default_rng(5), b, hq, hkv, lk, dk, s, dv, np.float32)
+    lengths = np.array([129, 300])
+    ks[0, 0, 200] = np.nan  # past row 0's live length
+    k[0, 1, 250] = np.nan
+    m = np.zeros((b, 1, 1, lk), np.float32)
+    m[0, ..., 129:] = -np.inf  # the reference sees only the live keys
+    ref = reference_attention(q, whole_key(np.nan_to_num(k), np.nan_to_num(ks)),
+                              v.astype(np.float64), m)
+    with forced_schedule(**SCHEDULES[schedule]):
+        got = pootvk.attention(q, k, v, k_shared=ks, lengths=lengths, device=device)
+    assert np.isfinite(got).all()
+    assert_close(got, ref)
