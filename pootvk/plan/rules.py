@@ -12,7 +12,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..errors import DtypeLowering, UnsupportedPrimitive
-from ..ir import BF16, F16, F32, U32, Eqn, Literal, Params, Prim, RuleTable, Var
+from ..ir import (
+    BF16,
+    F16,
+    F32,
+    U32,
+    Eqn,
+    Literal,
+    Params,
+    Prim,
+    RuleTable,
+    Var,
+    attention_operands,
+)
 from ..ir import prims as P
 from .bindings import Scratch
 from .decode_schedule import DecodeCombineRequest, DecodeRequest
@@ -145,14 +157,20 @@ def _attention(e: Eqn, ctx: PlanContext) -> RuleResult:
     coloured with the values; a fused combine's arrival counters are persistent, zeroed
     scratch), else the streaming kernel."""
     req = attention_schedule(e, ctx.profile)
+    # the eqn's operands in the kernel's binding order (bound by role name)
+    by_role = attention_operands(e.params["form"], e.inputs)
+    ins = tuple(by_role[b.name] for b in req.bindings() if b.name in by_role)
+    if len(ins) != len(by_role):
+        raise RuntimeError(f"{req.describe()} binds {[b.name for b in req.bindings()]}, "
+                           f"not every operand of {sorted(by_role)}")
     if isinstance(req, AttentionRequest) or req.splits == 1:
-        return RuleResult([KernelCall(req, (*e.inputs, e.out), "attention")])
+        return RuleResult([KernelCall(req, (*ins, e.out), "attention")])
     part = Scratch(req.partial_floats, F32, "partials")
     if req.fused_combine:
         count = Scratch(req.counters, U32, "counters", persistent=True)
-        call = KernelCall(req, (*e.inputs, part, count, e.out), "attention")
+        call = KernelCall(req, (*ins, part, count, e.out), "attention")
         return RuleResult([call], [part, count])
     return RuleResult([
-        KernelCall(req, (*e.inputs, part), "attention"),
+        KernelCall(req, (*ins, part), "attention"),
         KernelCall(DecodeCombineRequest(req), (part, e.out), "combine"),
     ], [part])

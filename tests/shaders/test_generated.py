@@ -33,6 +33,11 @@ def graphs():
     for dt in ("float32", "float16"):
         yield trace_llama(LlamaConfig(layers=1, q_heads=2, kv_heads=1, head_dim=8, hidden=16,
                                       intermediate=32, vocab=10, capacity=8, weight_dtype=dt))
+    # split key (latent attention): k 64 wide + k_shared 32, GQA over two KV heads
+    yield trace_attention((2, 8, 1, 96), (2, 2, 300, 64), (2, 2, 300, 64),
+                          k_shared_shape=(2, 1, 300, 32))
+    yield trace_attention((2, 8, 1, 96), (2, 2, 300, 64), (2, 2, 300, 64),
+                          k_shared_shape=(2, 1, 300, 32), lengths=True)  # split + live
     yield matmul_graph()
 
 
