@@ -6,12 +6,12 @@ Reduce, Exp, Div, GQA repeat (Reshape views and Broadcast), a converted causal m
 import numpy as np
 import pytest
 
-from pootvk.compile import compile_graph
 from pootvk.ir import BF16, F16
 from pootvk.ir import prims as P
 from pootvk.ops import Builder
 from pootvk.ops.attention import causal_mask, repeat_kv, softmax
 from pootvk.oracle import evaluate
+from pootvk.passes import compile_graph
 from tests.helpers import assert_close, reference_attention
 from tests.values import run_on_device, values
 

@@ -15,10 +15,10 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pootvk.compile import compile_graph
 from pootvk.ir import BF16, F16, F32, DType, Var
 from pootvk.ops import Builder
 from pootvk.oracle import evaluate
+from pootvk.passes import compile_graph
 from tests.helpers import examples
 from tests.values import ULP, run_on_device, values
 
