@@ -300,6 +300,16 @@ class Replay:
             rec = self._res.recording
             return rec.gpu_time_ns() if rec else None
 
+    def dispatch_times_ns(self) -> list[tuple[str, float]] | None:
+        """(kernel label, device ns) of every dispatch of the last step (None without
+        timestamps): where a step's GPU time goes, kernel by kernel."""
+        with self._lock:
+            rec = self._res.recording
+            times = rec.dispatch_times_ns() if rec else None
+            if times is None:
+                return None
+            return [(d.label, t) for d, t in zip(rec.dispatches, times, strict=False)]
+
     def close(self) -> None:
         """Free the buffers, the recording and the held pipelines (idempotent); waits for
         a caller that is mid-step."""
