@@ -141,6 +141,24 @@ def test_gemv_t_forced_fields(device):
     assert_close(y, ref, TOL)
 
 
+@pytest.mark.parametrize("dt", [F32, F16], ids=lambda d: d.value)
+@pytest.mark.parametrize("transpose", [False, True], ids=["KxN", "NxK"])
+@pytest.mark.parametrize(("k", "n"), [(1032, 2120), (8200, 72)])
+def test_gemv_h200_rule_shapes(device, dt, transpose, k, n):
+    """The launch shapes the GPU rule picks on the H200 profile (1024-invocation GEMV_N with
+    up to 256 k groups and 8 loads per lane; 32-lane GEMV_T with 4 groups), forced on the
+    CI device: tails along K (K not a multiple of groups * unroll) and a partial N tile."""
+    from pootvk.plan import choose_matmul, recorded_profile
+
+    w_shape = (n, k) if transpose else (k, n)
+    h200 = choose_matmul((1, k), w_shape, (1, n), transpose_b=transpose, b_dtype=dt,
+                         profile=recorded_profile("nvidia_h200"))
+    fields = {f: getattr(h200, f) for f in ("lanes", "groups", "outs", "unroll")}
+    y, ref, req = run(device, (1, k), w_shape, dt, transpose, h200.kind.value, **fields)
+    assert (req.lanes, req.groups, req.unroll) == (h200.lanes, h200.groups, h200.unroll)
+    assert_close(y, ref, 1e-5)
+
+
 def test_gemm_forced_on_decode_rows(device):
     """The GEMM is correct for one row too (forced), in the tiles' smallest form."""
     y, ref, req = run(device, (1, 50), (50, 7), F32, False, "gemm", tile_m=32, tile_n=32)
