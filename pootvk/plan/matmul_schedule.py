@@ -104,13 +104,29 @@ class MatMulRequest:
     #: the output rounded at its store); a Linear's are F32
     a_dtype: DType = F32
     out_dtype: DType = F32
+    #: GEMV_N split-K: the K rows cut into ``splits`` contiguous slices, one workgroup per
+    #: (tile, slice); > 1 writes F32 partials ``part[batch, split, m, n]`` (declared scratch)
+    #: that a ``MatMulCombineRequest`` sums, so wide row segments still fill the device
+    splits: int = 1
 
     def push_constants(self) -> tuple[int, ...]:
         return ()
 
     def bindings(self) -> tuple[Binding, ...]:
+        out = (Binding("part", Access.WRITE, F32) if self.splits > 1
+               else Binding("y", Access.WRITE, self.out_dtype))
         return (Binding("a", Access.READ, self.a_dtype), Binding("b", Access.READ, self.b_dtype),
-                Binding("y", Access.WRITE, self.out_dtype))
+                out)
+
+    @property
+    def k_chunk(self) -> int:
+        """Rows of K one split sums (the last split may sum fewer)."""
+        return -(-self.k // self.splits)
+
+    @property
+    def partial_floats(self) -> int:
+        """F32 partials a split launch writes (0 without splits)."""
+        return 0 if self.splits == 1 else self.batch_size * self.splits * self.m * self.n
 
     @property
     def batch_size(self) -> int:
@@ -136,7 +152,7 @@ class MatMulRequest:
 
     @property
     def workgroups(self) -> int:
-        return max(1, self.batch_size * self.tiles)
+        return max(1, self.batch_size * self.tiles * self.splits)
 
     @property
     def b_bytes(self) -> int:
@@ -159,7 +175,49 @@ class MatMulRequest:
         else:
             tune = (f"vec={self.vec} lanes={self.lanes} groups={self.groups} outs={self.outs} "
                     f"unroll={self.unroll} reduce={'subgroup' if self.subgroup else 'shared'}")
+            if self.splits > 1:
+                tune += f" splits={self.splits}"
         return f"{head} {tune} wg={self.local_size} grid={self.grid[0]}x{self.grid[1]}"
+
+
+#: Invocations per workgroup of the split-K combine.
+COMBINE_LOCAL = 64
+
+
+@dataclass(frozen=True)
+class MatMulCombineRequest:
+    """The second launch of a split-K GEMV_N: one invocation per output element sums the
+    ``splits`` F32 partials in split order and stores ``out_dtype``."""
+
+    partial: MatMulRequest
+    grid: tuple[int, int] = (1, 1)
+
+    @property
+    def outputs(self) -> int:
+        p = self.partial
+        return p.batch_size * p.m * p.n
+
+    @property
+    def workgroups(self) -> int:
+        return -(-self.outputs // COMBINE_LOCAL)
+
+    def push_constants(self) -> tuple[int, ...]:
+        return ()
+
+    def bindings(self) -> tuple[Binding, ...]:
+        return (Binding("part", Access.READ, F32),
+                Binding("y", Access.WRITE, self.partial.out_dtype))
+
+    def describe(self) -> str:
+        p = self.partial
+        return (f"matmul_combine outputs={self.outputs} splits={p.splits} "
+                f"y:{p.out_dtype.value} grid={self.grid[0]}x{self.grid[1]}")
+
+
+def combine_request(r: MatMulRequest, profile: DeviceProfile) -> MatMulCombineRequest:
+    """The combine launch of split request ``r``."""
+    c = MatMulCombineRequest(r)
+    return replace(c, grid=fold_grid(c.workgroups, profile.max_grid))
 
 
 # --- the forcing hook ------------------------------------------------------------------------
@@ -389,6 +447,9 @@ def check_matmul(r: MatMulRequest, profile: DeviceProfile) -> None:
     axis = r.n if r.kind is MatMulKind.GEMV_N else r.k
     if axis % r.vec or not p2(r.vec) or r.vec > (8 if r.b_dtype in (F16, BF16) else 4):
         raise ShapeError(f"{r.kind.value}: vec={r.vec} does not divide {axis}")
+    if r.splits < 1 or r.splits > r.k or (r.splits > 1 and r.kind is not MatMulKind.GEMV_N):
+        raise ShapeError(f"{r.kind.value}: splits={r.splits}: split-K is a GEMV_N schedule "
+                         f"of 1..K={r.k} slices")
     if not (p2(r.lanes) and p2(r.groups) and r.outs >= 1 and r.unroll >= 1):
         raise ShapeError(f"{r.kind.value}: lanes={r.lanes}, groups={r.groups} must be powers "
                          "of two; outs, unroll >= 1")

@@ -122,3 +122,17 @@ def test_cpu_gemv_keeps_small_workgroups():
     for transpose in (False, True):
         r = _only_request(_linear((1,), 4096, 4096, transpose), cpu)
         assert r.local_size <= 64 and r.unroll == 2
+
+
+def test_split_k_plans_a_partial_and_a_combine_over_scratch():
+    g = _linear((1,), 4096, 14336, False)
+    with forced_matmul(lanes=32, groups=8, splits=16):
+        plan = plan_graph(g, H200)
+    part, comb = (k.request for k in plan.kernels)
+    assert part.splits == 16 and part.k_chunk == 256 and part.workgroups == 56 * 16
+    assert part.partial_floats == 16 * 14336 and part.bindings()[2].name == "part"
+    assert comb.partial == part and comb.outputs == 14336
+    with forced_matmul("gemv_t", splits=2), pytest.raises(ShapeError, match="split-K"):
+        plan_graph(_linear((1,), 64, 48, True), H200)
+    with forced_matmul(splits=65), pytest.raises(ShapeError, match="split-K"):
+        plan_graph(_linear((1,), 64, 48, False), H200)
