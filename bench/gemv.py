@@ -125,6 +125,7 @@ class Case:
         self.device, self.k, self.n, self.dt, self.layout = device, k, n, dt, layout
         self.rows = rows
         x, w, self.ref = inputs
+        self.x, self.w = x, w  # a split-K variant plans its own replay over them
         self.rp = build_replay(graph(k, n, dt, layout, rows), device, timestamps=True)
         reqs = [kn.request for kn in self.rp.plan.kernels]
         assert len(reqs) == 1 and isinstance(reqs[0], MatMulRequest), reqs
@@ -138,7 +139,20 @@ class Case:
         return _time(self.device, [self.base], warm_s, reps, clock)
 
     def variant(self, fields: dict):
-        """(request, nse) of a forced schedule run once over the same buffers."""
+        """(request, dispatches, nse, close) of a forced schedule run once over the same
+        buffers; a split-K schedule (a partial and a combine launch over scratch) plans and
+        runs its own replay, closed by ``close``."""
+        if fields.get("splits", 1) > 1:
+            with forced_matmul(**fields):
+                rp = build_replay(graph(self.k, self.n, self.dt, self.layout, self.rows),
+                                  self.device, timestamps=True)
+            try:
+                rp.set_params({"w": self.w})
+                err = nse(rp.step({"x": self.x})["y"], self.ref)
+            except Exception:
+                rp.close()
+                raise
+            return rp.plan.kernels[0].request, list(rp.recording.dispatches), err, rp.close
         g = self.rp.plan.graph
         a, b = g.eqns[0].inputs
         with forced_matmul(**fields):
@@ -156,7 +170,7 @@ class Case:
         finally:
             rec.destroy()
         y = np.frombuffer(buf.read(self.out.offset, self.out.nbytes), np.float32)
-        return req, d, nse(y.reshape(self.ref.shape), self.ref)
+        return req, [d], nse(y.reshape(self.ref.shape), self.ref), lambda: None
 
     def close(self):
         self.rp.close()
@@ -192,9 +206,29 @@ def time_torch(k, n, dt, layout, *, warm_s, reps, calls=10, rows=1):
     return statistics.median(per)
 
 
+def split_variants(k: int, n: int, vec: int, units: int, quick: bool) -> list[dict]:
+    """Split-K GEMV_N schedules: a row segment of 128, 256 or 512 bytes per workgroup (one
+    to four cache lines of each W row: DRAM pages are read in longer runs than the 64-byte
+    segments the single-launch F16 schedule takes), K cut into enough slices that the
+    grid has about 4 or 8 workgroups per unit, each lane still summing >= 8 rows."""
+    out = []
+    wg, rows = (64, 2) if quick else (256, 8)
+    for lanes in ((8,) if quick else (8, 16, 32)):
+        tiles = -(-(n // vec) // lanes)
+        for per_unit in ((4,) if quick else (4, 8)):
+            splits = 1
+            while tiles * splits < per_unit * units and k // (splits * 2) >= rows * (wg // lanes):
+                splits *= 2
+            f = {"kind": "gemv_n", "lanes": lanes, "groups": wg // lanes,
+                 "unroll": 2 if quick else 8, "splits": splits}
+            if splits > 1 and f not in out:
+                out.append(f)
+    return out
+
+
 def variants(layout: str, quick: bool, gemm: bool = False) -> list[dict]:
     """Schedule fields ``--tune`` compares (a GEMV workgroup size is lanes * groups; a GEMM
-    one (tile_m / 4) * (tile_n / 4))."""
+    one (tile_m / 4) * (tile_n / 4)); ``split_variants`` adds the split-K GEMV_N ones."""
     out = []
     if gemm:
         tiles = ((32, 32), (64, 32)) if quick else GEMM_TILES
@@ -220,13 +254,21 @@ def tune_case(case, dn, ceiling_gbps, *, warm_s, reps, clock, quick):
     k, n, lay, m = case.k, case.n, case.layout, case.rows
     nbytes = k * n * DTYPES[dn].device_itemsize
     out, best = [], None
-    for f in variants(lay, quick, gemm=m > 1):
+    fs = variants(lay, quick, gemm=m > 1)
+    if lay == "kn" and m == 1:
+        fs += split_variants(k, n, case.request.vec, case.device.profile.compute_units or 8,
+                             quick)
+    for f in fs:
+        close = None
         try:
-            req, d, err = case.variant(f)
-            us, _ = _time(case.device, [d], min(warm_s, 0.2), max(5, reps // 2), clock)
+            req, ds, err, close = case.variant(f)
+            us, _ = _time(case.device, ds, min(warm_s, 0.2), max(5, reps // 2), clock)
         except Exception as e:
             print(f"    {f}: failed: {type(e).__name__}: {e}".splitlines()[0])
             continue
+        finally:
+            if close is not None:
+                close()
         frac, ok = nbytes / (us * 1e3) / ceiling_gbps, err <= TOL
         tflops = 2 * m * k * n / (us * 1e6)
         out.append({"k": k, "n": n, "m": m, "dtype": dn, "layout": lay, **f, "us": us,
@@ -353,7 +395,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             t = min(mine, key=lambda t: t["us"])
             fields = {k: v for k, v in t.items() if k in ("kind", "lanes", "groups", "outs",
-                                                          "unroll", "tile_m", "tile_n")}
+                                                          "unroll", "splits", "tile_m",
+                                                          "tile_n")}
             print(f"| {r['k']},{r['n']} | {r['m']} | {r['dtype']} | {r['layout']} | "
                   f"{r['us']:.2f} | {t['us']:.2f} | {r['us'] / t['us']:.2f}x | {t['frac']:.0%} | "
                   f"{t['tflops']:.2f} | {fields} |")

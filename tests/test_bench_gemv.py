@@ -24,7 +24,9 @@ def test_gemv_bench_quick(tmp_path, capsys, device):
     res = json.loads(out.read_text())
     (row,) = res["rows"]
     assert row["ok"] and row["nse"] < 1e-10 and row["kernel"].startswith("matmul gemv_n")
-    assert len(res["tuned"]) == 4 and all(t["ok"] for t in res["tuned"])
+    # 4 single-launch variants and one split-K (partial + combine, its own replay)
+    assert len(res["tuned"]) == 5 and all(t["ok"] for t in res["tuned"])
+    assert res["tuned"][-1]["splits"] > 1 and " splits=" in text
 
 
 def test_gemm_bench_quick(tmp_path, capsys, device):
