@@ -7,7 +7,9 @@ Three kernels (``pootvk.shaders.matmul`` generates them):
   K (group ``g`` takes rows ``g, g + groups, ...``). Lane ``i`` is ``(word i % lanes, group
   i / lanes)``, so a warp reads whole row segments; each lane issues ``unroll`` row loads per
   step (all in flight). The groups' partial sums fold with subgroup shuffles, then through
-  workgroup memory.
+  workgroup memory. With ``splits > 1`` the workgroups also split K into contiguous slices
+  (one per (tile, slice)) and write F32 partials to declared scratch; a second launch
+  (``MatMulCombineRequest``) sums them: wide row segments (long DRAM runs) with a full grid.
 - ``GEMV_T`` (few rows, ``B`` stored ``[N, K]``, K contiguous per output: the Linear layout):
   ``lanes`` adjacent lanes split one output's K row with 16-byte loads, ``groups`` groups per
   workgroup, each owning ``outs`` outputs; ``unroll`` words per output per step in flight;
