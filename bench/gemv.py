@@ -210,19 +210,23 @@ def split_variants(k: int, n: int, vec: int, units: int, quick: bool) -> list[di
     """Split-K GEMV_N schedules: a row segment of 128, 256 or 512 bytes per workgroup (one
     to four cache lines of each W row: DRAM pages are read in longer runs than the 64-byte
     segments the single-launch F16 schedule takes), K cut into enough slices that the
-    grid has about 4 or 8 workgroups per unit, each lane still summing >= 8 rows."""
+    grid has about 4 or 8 workgroups per unit, each lane still summing >= 8 rows; 256
+    invocations, and 1024 for two of them."""
     out = []
-    wg, rows = (64, 2) if quick else (256, 8)
-    for lanes in ((8,) if quick else (8, 16, 32)):
+    rows = 2 if quick else 8
+    shapes = [(8, 4, 64)] if quick else [
+        (lanes, per_unit, 256) for lanes in (8, 16, 32) for per_unit in (4, 8)]
+    if not quick:  # 1024 invocations: the single-launch F16 optimum's workgroup size
+        shapes += [(8, 4, 1024), (16, 4, 1024)]
+    for lanes, per_unit, wg in shapes:
         tiles = -(-(n // vec) // lanes)
-        for per_unit in ((4,) if quick else (4, 8)):
-            splits = 1
-            while tiles * splits < per_unit * units and k // (splits * 2) >= rows * (wg // lanes):
-                splits *= 2
-            f = {"kind": "gemv_n", "lanes": lanes, "groups": wg // lanes,
-                 "unroll": 2 if quick else 8, "splits": splits}
-            if splits > 1 and f not in out:
-                out.append(f)
+        splits = 1
+        while tiles * splits < per_unit * units and k // (splits * 2) >= rows * (wg // lanes):
+            splits *= 2
+        f = {"kind": "gemv_n", "lanes": lanes, "groups": wg // lanes,
+             "unroll": 2 if quick else 8, "splits": splits}
+        if splits > 1 and f not in out:
+            out.append(f)
     return out
 
 
