@@ -183,8 +183,12 @@ def permute_qk(w: np.ndarray, heads: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(w.shape))
 
 
+#: A progress callback: (layers done, layers in all, a one-line status).
+Progress = Callable[[int, int, str], None]
+
+
 def load_weights(f: GGUFFile, cfg: LlamaConfig,
-                 progress: Callable[[str], None] | None = None) -> dict[str, np.ndarray]:
+                 progress: Progress | None = None) -> dict[str, np.ndarray]:
     """Every weight of :meth:`LlamaConfig.weight_shapes`'s names, dequantized to
     ``cfg.weight_dtype``, matrices (out, in) (:data:`ORIENTATION`), Q/K rows in HF order.
 
@@ -213,8 +217,8 @@ def load_weights(f: GGUFFile, cfg: LlamaConfig,
                 a = unpermute_qk(a, cfg.kv_heads)
             out[f"l{i}.{ours}"] = a.astype(dtype)
         if progress is not None:
-            progress(f"loading {f.path.name}: layer {i + 1}/{cfg.layers} "
-                     f"({time.perf_counter() - t0:.1f} s)")
+            progress(i + 1, cfg.layers, f"loading {f.path.name}: layer {i + 1}/{cfg.layers} "
+                     f"dequantized to {cfg.weight_dtype} ({time.perf_counter() - t0:.1f} s)")
     out["norm"] = get("output_norm.weight", (h,)).astype(dtype)
     if "output.weight" in f.tensors:
         out["lm_head"] = get("output.weight", (cfg.vocab, h)).astype(dtype)
@@ -239,14 +243,14 @@ class GGUFModel:
         return self.file.path
 
 
-def stderr_progress(line: str) -> None:
-    """A progress line rewritten in place on stderr."""
-    print(f"\r{line}", end="", file=sys.stderr, flush=True)
+def stderr_progress(done: int, total: int, line: str) -> None:
+    """A :data:`Progress` that rewrites one line in place on stderr, ended when done."""
+    print(f"\r{line}", end="\n" if done >= total else "", file=sys.stderr, flush=True)
 
 
 def load_gguf(model: str | os.PathLike[str], *, weight_dtype: str = "float16",
               capacity: int | None = None,
-              progress: Callable[[str], None] | None = None) -> GGUFModel:
+              progress: Progress | None = None) -> GGUFModel:
     """Open, check and dequantize a llama-architecture GGUF (a path or a packaged name)."""
     f = GGUFFile(model)
     cfg = llama_config(f, capacity, weight_dtype)

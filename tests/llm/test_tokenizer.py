@@ -122,3 +122,17 @@ def test_add_bos_and_refusals(tmp_path):
     with pytest.raises(UnsupportedModel, match="chat_template"):
         tok.render_chat([{"role": "user", "content": "x"}])
     assert np.array_equal(tok.encode("ba"), [0, 2, 1])
+
+
+def test_chat_template_tokenizer_and_reference_answer_a_question(smollm2_tokenizer,
+                                                                  smollm2_reference):
+    """End to end through the independent forward: the rendered chat prompt, encoded, gets
+    the model's (greedy) answer, and it ends at <|im_end|>. A broken template, special-token
+    handling or BPE gives the model text it was not trained on, and this answer goes."""
+    tok = smollm2_tokenizer
+    ids = tok.encode(tok.render_chat([{"role": "user",
+                                       "content": "What is the capital of France?"}]))
+    out, _ = smollm2_reference.greedy(ids, 10)
+    assert tok.eos_id in out
+    answer = tok.decode(out[:out.index(tok.eos_id)])
+    assert "Paris" in answer, answer
