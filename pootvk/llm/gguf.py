@@ -248,11 +248,13 @@ def stderr_progress(done: int, total: int, line: str) -> None:
     print(f"\r{line}", end="\n" if done >= total else "", file=sys.stderr, flush=True)
 
 
-def load_gguf(model: str | os.PathLike[str], *, weight_dtype: str = "float16",
+def load_gguf(model: str | os.PathLike[str] | GGUFFile, *, weight_dtype: str = "float16",
               capacity: int | None = None,
               progress: Progress | None = None) -> GGUFModel:
-    """Open, check and dequantize a llama-architecture GGUF (a path or a packaged name)."""
-    f = GGUFFile(model)
+    """Open, check and dequantize a llama-architecture GGUF (a path, a packaged name or an
+    already open :class:`GGUFFile`: opening parses all metadata, seconds for a 49k-token
+    vocabulary)."""
+    f = model if isinstance(model, GGUFFile) else GGUFFile(model)
     cfg = llama_config(f, capacity, weight_dtype)
     weights = load_weights(f, cfg, progress)
     return GGUFModel(cfg, weights, "output.weight" not in f.tensors, f)

@@ -62,10 +62,10 @@ def test_known_ids_from_the_vocabulary(smollm2_tokenizer):
     assert [tok.token_text(i) for i in tok.encode("Once upon")] == ["Once", "Ġupon"]
 
 
-def test_multibyte_words_match_a_by_hand_bpe(smollm2_tokenizer, smollm2_path):
+def test_multibyte_words_match_a_by_hand_bpe(smollm2_tokenizer, smollm2_file):
     """Words the vocabulary does not hold whole: the library's BPE gives the by-hand BPE
     over the file's ranked merges."""
-    f = GGUFFile(smollm2_path)
+    f = smollm2_file
     ranks = {tuple(m.split(" ", 1)): r
              for r, m in enumerate(f.field("tokenizer.ggml.merges"))}
     v = {t: i for i, t in enumerate(smollm2_tokenizer.tokens)}
