@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import (
+    InvalidArgument,
     MissingMetadata,
     MissingTensor,
     ModelNotFound,
@@ -131,10 +132,13 @@ def llama_config(f: GGUFFile, capacity: int | None = None,
                  weight_dtype: str = "float16") -> LlamaConfig:
     """The file's architecture as a :class:`LlamaConfig` (the one place the mapping lives).
 
-    ``capacity`` (KV cache rows) defaults to the file's context length. Refused with
+    ``capacity`` (KV cache rows) defaults to the file's context length (a larger one is
+    taken: RoPE extends, the model was not trained there). Refused with
     :class:`UnsupportedModel`: RoPE scaling, rotary dims other than the head dim and value
     heads wider or narrower than key heads (pootvk's graph has none of these)."""
     path = str(f.path)
+    if capacity is not None and (not isinstance(capacity, int) or capacity < 1):
+        raise InvalidArgument("capacity", "a positive int (KV cache rows)", capacity)
     hidden = int(f.arch_field("embedding_length"))
     q_heads = int(f.arch_field("attention.head_count"))
     kv_heads = int(f.arch_field("attention.head_count_kv", q_heads))

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from pootvk.errors import (
+    InvalidArgument,
     MissingMetadata,
     MissingTensor,
     ModelNotFound,
@@ -162,6 +163,8 @@ def test_written_file_loads_back_to_hf_layout(tmp_path, tied):
         np.testing.assert_array_equal(back[name], ref, err_msg=name)
     if tied:
         assert back["output.weight"] is back["token_embd.weight"]
+    with pytest.raises(InvalidArgument, match="capacity"):
+        load_gguf(tmp_path / "t.gguf", capacity=0)
     f16 = load_gguf(tmp_path / "t.gguf", capacity=16)
     assert f16.config.capacity == 16 and f16.config.weight_dtype == "float16"
     assert all(a.dtype == np.float16 for a in f16.weights.values())
