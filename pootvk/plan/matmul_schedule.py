@@ -72,6 +72,9 @@ GEMV_N_SEGMENT_BYTES = 128
 GEMV_N_WIDE_WAVES = 3
 GEMV_N_MIN_ROWS = 4
 GEMV_N_UNROLL = 8
+#: 16-bit GEMV_N whose 128-byte-line tiles give 1 to GEMV_N_WIDE_WAVES workgroups per unit
+#: split K until about this many workgroups per unit (see _gemv_n_gpu)
+GEMV_N_SPLIT_WAVES = 4
 #: GEMV_T on a GPU: output groups (of ``lanes``) per workgroup; loads in flight per lane
 #: for 16-bit and for F32 words.
 GEMV_T_GROUPS = 4
@@ -292,6 +295,10 @@ def _batch_layout(
     return batch, strides(a_shape), strides(b_shape), m
 
 
+def _pow2_ceil(x: int) -> int:
+    return 1 << max(0, (max(1, x) - 1).bit_length())
+
+
 def _gemv_n_gpu(base: MatMulRequest, nb: int, units: int,
                 profile: DeviceProfile) -> MatMulRequest:
     """GEMV_N launch shape on a GPU, fitted to the H200 tune run (module constants).
@@ -314,6 +321,15 @@ def _gemv_n_gpu(base: MatMulRequest, nb: int, units: int,
 
     Against the run, the rule's pick is within 1.01 of the best at the six large cases and
     1.034 / 1.039 at 576x1536 F32 / F16 (where the F16 variants ran at a throttled 540 MHz).
+
+    - *split-K* for 16-bit weights whose 128-byte-line tiles give between one and
+      GEMV_N_WIDE_WAVES workgroups per unit: keep the wide line and cut K into slices until
+      about GEMV_N_SPLIT_WAVES workgroups per unit (F32 partials, a combine launch). H200,
+      one run (bench/gemv.py --tune): 4096x14336 F16, 224 tiles: 8 lanes, 32 groups, 4 splits
+      34.6 us (75% of the read ceiling) against 41.1 us (63%) for the best unsplit launch
+      (4 lanes, 256 groups) and 36.5 us at 8 splits. Fewer tiles than units (4096x4096 F16:
+      64) keep the narrow unsplit launch (71%), more than GEMV_N_WIDE_WAVES per unit
+      (8192x28672 F16: 448) the wide unsplit one (79%): neither has a measured split yet.
     """
     b_dtype = base.b_dtype
     vec = _vec(base.n, b_dtype)
@@ -335,7 +351,14 @@ def _gemv_n_gpu(base: MatMulRequest, nb: int, units: int,
         wg = GEMV_LOCAL
     wg = min(wg, profile.max_invocations)
     groups = max(1, min(wg // lanes, _pow2_floor(base.k // GEMV_N_MIN_ROWS)))
-    return replace(base, vec=vec, lanes=lanes, groups=groups, unroll=GEMV_N_UNROLL)
+    splits = 1
+    if b_dtype is not F32 and units <= tiles(wide) < GEMV_N_WIDE_WAVES * units:
+        lanes, wg = wide, min(GEMV_LOCAL, profile.max_invocations)
+        splits = _pow2_ceil(-(-GEMV_N_SPLIT_WAVES * units // tiles(wide)))
+        groups = max(1, min(wg // lanes, _pow2_floor(base.k // (splits * GEMV_N_MIN_ROWS))))
+        splits = max(1, min(splits, base.k // (groups * GEMV_N_MIN_ROWS)))
+    return replace(base, vec=vec, lanes=lanes, groups=groups, unroll=GEMV_N_UNROLL,
+                   splits=splits)
 
 
 def _gemv_t_gpu(base: MatMulRequest, nb: int, units: int,
