@@ -5,9 +5,11 @@ from __future__ import annotations
 from ..ir import Graph, check_graph
 from .attention_rewrite import attention_rewrite
 from .canonicalize import canonicalize, dead_code_elimination
+from .fuse import fuse
 from .simplify import cse, fold_constants
 
-PASSES = (canonicalize, cse, fold_constants, attention_rewrite, canonicalize)
+#: fuse runs last: it would hide an attention chain's elementwise steps from the rewrite
+PASSES = (canonicalize, cse, fold_constants, attention_rewrite, canonicalize, fuse)
 
 
 def compile_graph(g: Graph, *, check: bool = True) -> Graph:
@@ -23,5 +25,5 @@ def compile_graph(g: Graph, *, check: bool = True) -> Graph:
 
 __all__ = [
     "attention_rewrite", "canonicalize", "compile_graph", "cse", "dead_code_elimination",
-    "fold_constants",
+    "fold_constants", "fuse",
 ]

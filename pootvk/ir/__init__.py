@@ -1,7 +1,7 @@
 """The IR: dtypes, Var/Literal, Eqn, Slot, Graph, the primitive set and its typing rules,
 the Attention form, the one rule-table registrar, printing."""
 
-from . import prims
+from . import fused, prims
 from .attention_form import AttentionForm, KeyLayout, MaskKind, check_attention, form_for
 from .dtypes import BF16, BOOL, F16, F32, I32, U32, DType, from_numpy
 from .graph import Eqn, Graph, Literal, Params, Slot, SlotKind, UseInfo, Var
@@ -22,6 +22,6 @@ __all__ = [
     "BF16", "BOOL", "F16", "F32", "I32", "U32", "DType", "from_numpy",
     "AttentionForm", "KeyLayout", "MaskKind", "check_attention", "form_for",
     "Eqn", "Graph", "Literal", "Params", "Slot", "SlotKind", "UseInfo", "Var",
-    "PRIMS", "CompareOp", "Prim", "ReduceOp", "UnaryOp", "prims",
+    "PRIMS", "CompareOp", "Prim", "ReduceOp", "UnaryOp", "fused", "prims",
     "check_graph", "new_eqn", "shape_rules", "type_eqn", "RuleTable",
 ]

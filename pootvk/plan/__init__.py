@@ -1,11 +1,19 @@
 """Planning for one device: rules, requests, schedules, buffer locations; no GLSL, no
 handles."""
 
+from . import fused  # noqa: F401  (registers the fused primitives' rules)
 from .bindings import Access, Binding, BufferRole, Scratch
 from .decode_schedule import DecodeCombineRequest, DecodeProblem, DecodeRequest
 from .planner import BoundOperand, BufferSpec, Kernel, Location, Plan, plan_graph
 from .profile import DeviceProfile, recorded_profile, recorded_profiles
-from .requests import AttentionRequest, LiteralOperand, PrimRequest, fold_grid
+from .requests import (
+    AttentionRequest,
+    FusedReduceRequest,
+    FusedRequest,
+    LiteralOperand,
+    PrimRequest,
+    fold_grid,
+)
 from .rules import KernelCall, KernelRequest, PlanContext, RuleResult, plan_rules
 from .schedule import ForcedSchedule, choose_lanes, current_forced, forced_schedule
 
@@ -13,7 +21,7 @@ __all__ = [
     "DecodeCombineRequest", "DecodeProblem", "DecodeRequest", "ForcedSchedule",
     "current_forced", "forced_schedule",
     "Access", "AttentionRequest", "Binding", "BoundOperand", "BufferRole", "BufferSpec",
-    "DeviceProfile", "Kernel", "KernelCall", "KernelRequest", "LiteralOperand", "Location",
+    "DeviceProfile", "FusedReduceRequest", "FusedRequest", "Kernel", "KernelCall", "KernelRequest", "LiteralOperand", "Location",
     "Plan", "PlanContext", "PrimRequest", "RuleResult", "Scratch", "choose_lanes",
     "fold_grid", "plan_graph", "plan_rules", "recorded_profile", "recorded_profiles",
 ]

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from enum import Enum
 
 from ..errors import GridLimit
-from ..ir import F32, DType, Params, Prim
+from ..ir import F32, DType, Params, Prim, ReduceOp
+from ..ir.fused import FusedBody
 from ..ir.prims import DYNAMIC_UPDATE_SLICE
 from .bindings import Access, Binding
 
@@ -126,6 +127,75 @@ class PrimRequest:
         )
 
 
+@dataclass(frozen=True)
+class FusedRequest:
+    """A fused elementwise kernel: one invocation per output element computes the whole
+    body in registers (named scalars) and stores only the result."""
+
+    body: FusedBody
+    inputs: tuple[Aval, ...]  # one bound buffer per operand leaf, in order
+    output: Aval
+    threads: int
+    local_size: int
+    grid: tuple[int, int]
+
+    def push_constants(self) -> tuple[int, ...]:
+        return ()
+
+    def bindings(self) -> tuple[Binding, ...]:
+        ins = tuple(Binding(f"x{j}", Access.READ, dt) for j, (_s, dt) in enumerate(self.inputs))
+        return (*ins, Binding("y", Access.WRITE, self.output[1]))
+
+    def describe(self) -> str:
+        shape = ",".join(map(str, self.output[0]))
+        return (
+            f"Fused[{self.body}] -> {self.output[1].value}[{shape}] threads={self.threads} "
+            f"wg={self.local_size} grid={self.grid[0]}x{self.grid[1]}"
+        )
+
+
+@dataclass(frozen=True)
+class FusedReduceRequest:
+    """A reduction whose input is a fused body computed on load: one workgroup of ``lanes``
+    per output element; lane ``l`` folds elements ``l, l + lanes, ...`` of the reduced axis
+    into a register, then the workgroup combines the lanes' partials through shared memory
+    (a tree, log2(lanes) barriers). The body's value is never stored."""
+
+    body: FusedBody
+    op: ReduceOp
+    axis: int
+    keepdim: bool
+    inputs: tuple[Aval, ...]
+    output: Aval
+    lanes: int  # a power of two
+    grid: tuple[int, int]
+
+    @property
+    def rows(self) -> int:
+        """Output elements: one workgroup each."""
+        n = 1
+        for d in self.output[0]:
+            n *= d
+        return n
+
+    @property
+    def local_size(self) -> int:
+        return self.lanes
+
+    def push_constants(self) -> tuple[int, ...]:
+        return ()
+
+    def bindings(self) -> tuple[Binding, ...]:
+        ins = tuple(Binding(f"x{j}", Access.READ, dt) for j, (_s, dt) in enumerate(self.inputs))
+        return (*ins, Binding("y", Access.WRITE, self.output[1]))
+
+    def describe(self) -> str:
+        shape = ",".join(map(str, self.output[0]))
+        return (
+            f"FusedReduce[{self.op.value} axis={self.axis} of {self.body}] -> "
+            f"{self.output[1].value}[{shape}] rows={self.rows} lanes={self.lanes} "
+            f"grid={self.grid[0]}x{self.grid[1]}"
+        )
 
 
 def fold_grid(groups: int, max_grid: tuple[int, int, int]) -> tuple[int, int]:

@@ -17,10 +17,20 @@ from ..ir import prims as P
 from .bindings import Scratch
 from .decode_schedule import DecodeCombineRequest, DecodeRequest
 from .profile import DeviceProfile
-from .requests import AttentionRequest, LiteralOperand, PrimRequest, fold_grid
+from .requests import (
+    AttentionRequest,
+    FusedReduceRequest,
+    FusedRequest,
+    LiteralOperand,
+    PrimRequest,
+    fold_grid,
+)
 from .schedule import attention_schedule
 
-KernelRequest = AttentionRequest | PrimRequest | DecodeRequest | DecodeCombineRequest
+KernelRequest = (
+    AttentionRequest | PrimRequest | DecodeRequest | DecodeCombineRequest | FusedRequest
+    | FusedReduceRequest
+)
 
 PRIM_WORKGROUP = 64
 

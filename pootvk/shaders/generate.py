@@ -11,7 +11,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from ..plan import KernelRequest, Plan
-from . import attention, attention_decode, prims  # noqa: F401  (generators register)
+from . import attention, attention_decode, fused, prims  # noqa: F401  (generators register)
 from .compiler import compile_glsl
 from .table import generators
 

@@ -1,0 +1,224 @@
+"""GLSL for the fused elementwise primitives: a whole expression DAG per output element.
+
+A body (``ir.fused.FusedBody``) becomes one named scalar per node, ``t0, t1, ...``, in
+registers: operand leaves read their buffer through their own broadcast strides at the
+output multi-index, every other node applies its primitive's expression from the unfused
+generators' tables (``shaders.prims``: ``BINARY_EXPR``, ``UNARY_EXPR``, ``CMP``, the 16-bit
+conversions), so a fused kernel computes what the chain of primitive kernels computes
+without storing the intermediates. Values compute in F32 (16-bit values are widened on load
+and rounded to their type after every node of that type, as a stored 16-bit intermediate
+would be), I32, U32 or bool; only the result is stored, in its storage type.
+
+``FusedReduceRequest``: a workgroup per output element; each lane evaluates the body at
+elements ``lane, lane + LANES, ...`` of the reduced axis and folds them into a register, then
+the lanes' partials are combined by a shared-memory tree. No private arrays anywhere.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import numpy as np
+
+from ..ir import BF16, BOOL, F16, F32, I32, U32, DType, ReduceOp
+from ..ir import prims as P
+from ..ir.fused import FusedBody, Leaf, Node
+from ..plan.requests import FusedReduceRequest, FusedRequest
+from .common import declare_bindings, float_lit, group_id, header, strides
+from .prims import (
+    BF16_ROUND,
+    BINARY_EXPR,
+    CMP,
+    MINMAX,
+    UNARY_EXPR,
+    _from_f32,
+    _to_f32,
+    bcast_index,
+    decode_index,
+)
+from .table import generators
+
+#: The register type a value of each dtype computes in.
+CTYPE = {F32: "float", F16: "float", BF16: "float", I32: "int", U32: "uint", BOOL: "bool"}
+HALF = (F16, BF16)
+
+
+def _subst(template: str, **names: str) -> str:
+    """``template`` with its placeholder names (``a``, ``b``, ``x``) replaced as words."""
+    pattern = r"\b(" + "|".join(names) + r")\b"
+    return re.sub(pattern, lambda m: names[m.group(1)], template)
+
+
+def round_to(expr: str, dt: DType) -> str:
+    """An F32 value rounded to the 16-bit type ``dt`` and widened back (what storing it and
+    reading it again gives)."""
+    if dt is F16:
+        return f"unpackHalf2x16(packHalf2x16(vec2({expr}, 0.0))).x"
+    return f"uintBitsToFloat(bf16_bits({expr}) << 16)"
+
+
+def load(raw: str, dt: DType) -> str:
+    """A stored element as its register value."""
+    if dt in HALF:
+        return _to_f32(raw, dt)
+    if dt is BOOL:
+        return f"({raw} != 0u)"
+    return raw
+
+
+def store(value: str, dt: DType) -> str:
+    """A register value as the stored element of ``dt``."""
+    if dt in HALF:
+        return _from_f32(value, dt)
+    if dt is BOOL:
+        return f"({value} ? 1u : 0u)"
+    return value
+
+
+def literal_value(n: Node) -> str:
+    """A literal as the oracle binds it: ``np.asarray(value, dtype.numpy)`` (so an F16
+    literal is rounded to half; BF16 is held in F32 there, and here)."""
+    v, dt = n.params["value"], n.dtype
+    if dt is BOOL:
+        return "true" if v else "false"
+    if dt is I32:
+        return f"int({int(v)})"
+    if dt is U32:
+        return f"{int(v)}u"
+    return float_lit(float(np.asarray(v, dtype=dt.numpy)))
+
+
+def _convert(a: str, src: DType, dst: DType) -> str:
+    if dst is BOOL:
+        return a if src is BOOL else f"({a} != {CTYPE[src]}(0))"
+    if dst.is_float:
+        return a if src.is_float else f"float({a})"
+    return f"{CTYPE[dst]}({a})"
+
+
+def _node_expr(n: Node, a: list[str], dts: list[DType]) -> str:
+    op = n.op
+    if op in BINARY_EXPR:
+        return _subst(BINARY_EXPR[op], a=a[0], b=a[1])  # type: ignore[index]
+    if op in MINMAX:  # numpy's maximum/minimum propagate NaN; GLSL's max does not
+        fn = MINMAX[op]  # type: ignore[index]
+        if n.dtype.is_float:
+            return f"((isnan({a[0]}) || isnan({a[1]})) ? {a[0]} + {a[1]} : {fn}({a[0]}, {a[1]}))"
+        return f"{fn}({a[0]}, {a[1]})"
+    if op is P.UNARY:
+        return "(" + _subst(UNARY_EXPR[n.params["op"]], x=a[0]) + ")"
+    if op is P.COMPARE:
+        return f"({a[0]} {CMP[n.params['op']]} {a[1]})"
+    if op is P.SELECT:
+        return f"({a[0]} ? {a[1]} : {a[2]})"
+    if op is P.CONVERT:
+        return _convert(a[0], dts[0], n.dtype)
+    raise AssertionError(f"{op} has no fused expression")  # type_body admits nothing else
+
+
+def body_lines(body: FusedBody, read: Callable[[int, Node], str]) -> tuple[list[str], str]:
+    """One declaration per node (``read(j, leaf)`` is operand ``j``'s stored element at the
+    current index) and the result's register name."""
+    names: list[str] = []
+    lines: list[str] = []
+    last = len(body.nodes) - 1
+    for k, n in enumerate(body.nodes):
+        if n.op is P.BROADCAST:  # a view: the node is its operand at the broadcast index
+            names.append(names[n.args[0]])
+            continue
+        if n.op is Leaf.OPERAND:
+            expr = load(read(n.params["index"], n), n.dtype)
+        elif n.op is Leaf.LITERAL:
+            expr = literal_value(n)
+        else:
+            expr = _node_expr(n, [names[j] for j in n.args],
+                              [body.nodes[j].dtype for j in n.args])
+            if n.dtype in HALF and k != last:  # the last node is rounded by its store
+                expr = round_to(expr, n.dtype)
+        lines.append(f"    {CTYPE[n.dtype]} t{k} = {expr};")
+        names.append(f"t{k}")
+    return lines, names[-1]
+
+
+def _uses_bf16(body: FusedBody) -> bool:
+    return any(n.dtype is BF16 for n in body.nodes)
+
+
+@generators.register(FusedRequest)
+def generate_fused(req: FusedRequest) -> str:
+    rank = len(req.output[0])
+    binds = req.bindings()
+    lines, result = body_lines(
+        req.body, lambda j, leaf: f"x{j}[{bcast_index(leaf.shape, rank)}]"
+    )
+    storage16 = any(b.dtype in HALF for b in binds)
+    return (
+        header(req.local_size, storage16)
+        + declare_bindings(binds)
+        + (BF16_ROUND if _uses_bf16(req.body) else "")
+        + "void main() {\n"
+        + f"    uint gid = {group_id(req.grid[0])} * {req.local_size}u"
+        + " + gl_LocalInvocationID.x;\n"
+        + f"    if (gid >= {req.threads}u) return;\n"
+        + decode_index(req.output[0])
+        + "\n"
+        + "\n".join(lines)
+        + f"\n    y[gid] = {store(result, req.output[1])};\n}}\n"
+    )
+
+
+def _reduce_parts(op: ReduceOp, dt: DType) -> tuple[str, str]:
+    """The identity and ``combine(acc, v)`` (``acc``/``v`` placeholders) of a reduction
+    whose values have type ``dt``: Max keeps a NaN, as numpy's max does."""
+    if op is ReduceOp.SUM:
+        return f"{CTYPE[dt]}(0)", "acc + v"
+    if dt.is_float:
+        return float_lit(float("-inf")), "(isnan(v) || v > acc) ? v : acc"
+    # the smallest value of the type: -2**31 for I32, 0 for U32
+    return ("0u" if dt is U32 else "int(-2147483648)"), "max(acc, v)"
+
+
+@generators.register(FusedReduceRequest)
+def generate_fused_reduce(req: FusedReduceRequest) -> str:
+    shape = req.body.out.shape
+    dt = req.body.out.dtype
+    axis, lanes = req.axis, req.lanes
+    rank = len(shape)
+    kshape = tuple(1 if d == axis else n for d, n in enumerate(shape))
+    kst = strides(kshape)
+    ident, combine = _reduce_parts(req.op, dt)
+    ct = CTYPE[dt]
+    row_index = "\n".join(
+        f"    uint i{d} = (row / {kst[d]}u) % {kshape[d]}u;" for d in range(rank) if d != axis
+    )
+    lines, result = body_lines(
+        req.body, lambda j, leaf: f"x{j}[{bcast_index(leaf.shape, rank)}]"
+    )
+    inner = "\n".join("    " + ln for ln in lines)
+    binds = req.bindings()
+    storage16 = any(b.dtype in HALF for b in binds)
+    return (
+        header(lanes, storage16)
+        + declare_bindings(binds)
+        + (BF16_ROUND if _uses_bf16(req.body) or req.output[1] is BF16 else "")
+        + f"shared {ct} s_acc[{lanes}];\n"
+        + f"{ct} combine({ct} acc, {ct} v) {{ return {combine}; }}\n"
+        + "void main() {\n"
+        + f"    uint row = {group_id(req.grid[0])};\n"
+        + f"    if (row >= {req.rows}u) return;  // uniform: the whole workgroup leaves\n"
+        + "    uint lane = gl_LocalInvocationID.x;\n"
+        + row_index
+        + f"\n    {ct} acc = {ident};\n"
+        + f"    for (uint i{axis} = lane; i{axis} < {shape[axis]}u; i{axis} += {lanes}u) {{\n"
+        + inner
+        + f"\n        acc = combine(acc, {result});\n    }}\n"
+        + "    s_acc[lane] = acc;\n"
+        + "    barrier();\n"
+        + f"    for (uint s = {lanes // 2}u; s > 0u; s >>= 1) {{\n"
+        + "        if (lane < s) s_acc[lane] = combine(s_acc[lane], s_acc[lane + s]);\n"
+        + "        barrier();\n"
+        + "    }\n"
+        + f"    if (lane == 0u) y[row] = {store('s_acc[0]', req.output[1])};\n"
+        + "}\n"
+    )
