@@ -21,7 +21,8 @@ __all__ = [
     "DecodeCombineRequest", "DecodeProblem", "DecodeRequest", "ForcedSchedule",
     "current_forced", "forced_schedule",
     "Access", "AttentionRequest", "Binding", "BoundOperand", "BufferRole", "BufferSpec",
-    "DeviceProfile", "FusedReduceRequest", "FusedRequest", "Kernel", "KernelCall", "KernelRequest", "LiteralOperand", "Location",
+    "DeviceProfile", "FusedReduceRequest", "FusedRequest", "Kernel", "KernelCall",
+    "KernelRequest", "LiteralOperand", "Location",
     "Plan", "PlanContext", "PrimRequest", "RuleResult", "Scratch", "choose_lanes",
     "fold_grid", "plan_graph", "plan_rules", "recorded_profile", "recorded_profiles",
 ]
