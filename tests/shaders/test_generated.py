@@ -5,14 +5,15 @@ import shutil
 import subprocess
 
 from pootvk.compile import canonicalize, compile_graph
-from pootvk.ir import PRIMS, shape_rules
-from pootvk.ops import trace_attention, trace_decode_step
+from pootvk.ir import BF16, F16, F32, PRIMS, shape_rules
+from pootvk.ops import Builder, trace_attention, trace_decode_step
 from pootvk.oracle import eval_rules
 from pootvk.plan import forced_schedule, plan_graph, plan_rules, recorded_profile, recorded_profiles
 from pootvk.shaders.compiler import compile_glsl
 from pootvk.shaders.generate import generate
 from pootvk.shaders.prims import glsl_rules
 from pootvk.shaders.readbw import generate_read
+from tests.random_graphs import rms_norm, swiglu
 
 # A declaration of a non-shared array: `float acc[4];`, `const vec4 t[2] = ...`
 PRIVATE_ARRAY = re.compile(
@@ -25,11 +26,28 @@ def graphs():
     yield trace_decode_step(1, 4, 4, 6, 10, q_rows=3)  # scalar (vec 1) path
     yield trace_attention((1, 12, 7, 40), (1, 1, 113, 40), (1, 1, 113, 72), (1, 12, 7, 113))
     yield trace_attention((3, 4, 1, 128), (3, 4, 1000, 128), (3, 4, 1000, 64))
+    yield FUSED_CHAINS
+
+
+def fused_chains():
+    """RMSNorm over 16-bit storage, SwiGLU and a Max reduce: the fused kernel families."""
+    b = Builder()
+    x = b.convert(b.input("x", (2, 96), BF16), F32)
+    y = rms_norm(b, x, b.convert(b.param("w", (96,), F16), F32))
+    y = swiglu(b, y, b.param("wg", (96, 64)), b.param("wu", (96, 64)))
+    b.export("y", b.convert(y, F16))
+    b.export("m", b.reduce("Max", b.unary("Exp", b.sub(y, 1.0)), 0, keepdim=False))
+    return b.build()
+
+
+FUSED_CHAINS = fused_chains()
 
 
 def all_sources():
     for g in graphs():
         for prof in recorded_profiles().values():
+            if g is FUSED_CHAINS and not prof.extra.get("storage_buffer_16bit"):
+                continue  # 16-bit storage: refused there (DtypeLowering), tested elsewhere
             for compiled in (compile_graph(g), canonicalize(g)):  # fused and primitive forms
                 for k in plan_graph(compiled, prof).kernels:
                     yield generate(k.request)
