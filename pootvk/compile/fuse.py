@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir import BOOL, Eqn, Graph, Literal, Params, Prim, Var
-from ..ir.fused import ELEMENTWISE, FUSED, FUSED_REDUCE, FusedBody, Leaf, Node
+from ..ir.fused import ELEMENTWISE, FUSED, FUSED_REDUCE, FUSED_ROW, FusedBody, Leaf, Node
 from ..ir.prims import REDUCE
 from .canonicalize import dead_code_elimination
 
@@ -53,12 +53,16 @@ class _Expr:
     eqn: Eqn | None = None
 
 
-def linearize(x: _Expr) -> tuple[FusedBody, tuple[Var, ...]]:
+def linearize(
+    x: _Expr, operands: tuple[Var, ...] = (), reduced: Var | None = None
+) -> tuple[FusedBody, tuple[Var, ...]]:
     """The body of ``x`` (shared sub-exprs once, each distinct value read by one leaf) and
-    the values its leaves read, in leaf order."""
+    the values its leaves read: ``operands`` first (a FusedRow's prologue operands, which
+    its epilogue may read too), then new ones in leaf order. ``reduced`` is read through
+    the ``REDUCED`` leaf."""
     nodes: list[Node] = []
     memo: dict[object, int] = {}
-    operands: list[Var] = []
+    ops = list(operands)
 
     def visit(a: _Expr | Var) -> int:
         if isinstance(a, Literal):
@@ -73,14 +77,17 @@ def linearize(x: _Expr) -> tuple[FusedBody, tuple[Var, ...]]:
         if isinstance(a, _Expr):
             args = tuple(visit(b) for b in a.args)
             nodes.append(Node(a.op, args, a.params, a.shape, a.dtype))  # type: ignore[arg-type]
+        elif a is reduced:
+            nodes.append(Node.reduced(a.shape, a.dtype))
         else:
-            nodes.append(Node.operand(len(operands), a.shape, a.dtype))
-            operands.append(a)
+            if a not in ops:
+                ops.append(a)
+            nodes.append(Node.operand(ops.index(a), a.shape, a.dtype))
         memo[key] = len(nodes) - 1
         return memo[key]
 
     visit(x)
-    return FusedBody(tuple(nodes)), tuple(operands)
+    return FusedBody(tuple(nodes)), tuple(ops)
 
 
 def _leaves(x: _Expr) -> set[Var]:
@@ -137,10 +144,51 @@ def fuse(g: Graph) -> Graph:
         return len(users) == 1 and v not in observed and merges_into(g.eqns[users.pop()])
 
     pending: dict[Var, _Expr] = {}
-    eqns: list[Eqn] = []
+    eqns: list[Eqn | None] = []  # None: a reduction a FusedRow took over
+    reductions: dict[Var, int] = {}  # a private keepdim reduction's output -> its position
+
+    def row_of(x: _Expr, outputs: tuple[Var, ...]) -> Eqn | None:
+        """``x`` with a reduction it reads, as one FusedRow: the reduction must be read by
+        ``x`` alone, keep its axis, reduce a row of ``x``'s shape, and not read a state
+        overwritten since (the reduction moves here)."""
+        _, leaves = linearize(x)
+        for r in leaves:
+            i = reductions.get(r)
+            if i is None:
+                continue
+            red = eqns[i]
+            assert red is not None
+            pro = red.params["body"] if red.prim is FUSED_REDUCE else None
+            pro_ops = red.inputs
+            if pro is None:
+                pro = FusedBody((Node.operand(0, red.inputs[0].shape, red.inputs[0].dtype),))
+            if pro.out.shape != x.shape:
+                continue
+            moved_past = {overwrites[o] for e in eqns[i + 1:] if e for o in e.outputs
+                          if o in overwrites}
+            if moved_past & set(pro_ops):
+                continue
+            epi, ops = linearize(x, pro_ops, reduced=r)
+            if len(ops) > MAX_OPERANDS or len(epi.nodes) + len(pro.nodes) > MAX_NODES:
+                continue
+            eqns[i] = None
+            del reductions[r]
+            ps = Params(body=pro, op=red.params["op"], axis=red.params["axis"], epilogue=epi)
+            return Eqn(FUSED_ROW, ops, outputs, ps)
+        return None
+
+    def emit(x: _Expr, outputs: tuple[Var, ...]) -> None:
+        eqns.append(row_of(x, outputs) or _as_eqn(x, outputs))
 
     def materialize(v: Var) -> None:
-        eqns.append(_as_eqn(pending.pop(v), (v,)))
+        emit(pending.pop(v), (v,))
+
+    def note_reduction(e: Eqn) -> None:
+        users = set(info.users.get(e.out, ()))
+        user = g.eqns[users.pop()].prim if len(users) == 1 else None
+        if (e.params["keepdim"] and e.out not in observed and e.out.dtype is not BOOL
+                and (user in ELEMENTWISE or user is FUSED)):
+            reductions[e.out] = len(eqns) - 1
 
     for e in g.eqns:
         for o in e.outputs:  # an in-place state write: computations reading the old value first
@@ -167,12 +215,13 @@ def fuse(g: Graph) -> Graph:
                     eqns.append(Eqn(FUSED_REDUCE, ops, e.outputs, ps))
                 else:
                     eqns.append(e)
+                note_reduction(eqns[-1])  # type: ignore[arg-type]
                 continue
             x = _expr_of(e, args)
             if inlinable(e.out):
                 pending[e.out] = x
             else:
-                eqns.append(_as_eqn(x, e.outputs))
+                emit(x, e.outputs)
             continue
         for v in e.inputs:
             if v in pending:
@@ -180,4 +229,4 @@ def fuse(g: Graph) -> Graph:
         eqns.append(e)
     for v in list(pending):  # nothing observable reads these: only dead code is left here
         materialize(v)
-    return dead_code_elimination(g.replace(eqns))
+    return dead_code_elimination(g.replace([e for e in eqns if e is not None]))

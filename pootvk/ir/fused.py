@@ -11,7 +11,9 @@ evaluates it with the prims' own numpy rules (bit-identical to the unfused chain
 
 ``FUSED`` is the elementwise eqn (its value has the last node's shape). ``FUSED_REDUCE`` is
 ``Reduce(op, axis, keepdim)`` applied to its body (a reduction whose input is computed on
-load: RMSNorm's ``Sum(x * x)`` reads ``x`` once and never stores ``x * x``).
+load: RMSNorm's ``Sum(x * x)`` reads ``x`` once and never stores ``x * x``). ``FUSED_ROW``
+adds an ``epilogue`` body computed per element of each reduced row, reading the row's
+reduction through a ``REDUCED`` leaf: all of RMSNorm in one kernel, the sum never stored.
 
 A node's value at an output multi-index is the value at that index with its broadcast axes
 dropped (right-aligned, as numpy broadcasts), so a kernel evaluates every node at the output
@@ -51,6 +53,7 @@ class Leaf(Enum):
 
     OPERAND = "operand"
     LITERAL = "literal"
+    REDUCED = "reduced"  # a FusedRow epilogue's read of its row's reduction
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,10 @@ class Node:
     @staticmethod
     def operand(index: int, shape: tuple[int, ...], dtype: DType) -> Node:
         return Node(Leaf.OPERAND, (), Params(index=index), tuple(shape), dtype)
+
+    @staticmethod
+    def reduced(shape: tuple[int, ...], dtype: DType) -> Node:
+        return Node(Leaf.REDUCED, (), Params(), tuple(shape), dtype)
 
     @staticmethod
     def literal(value: float | int | bool, dtype: DType) -> Node:
@@ -98,6 +105,8 @@ class FusedBody:
                 text.append(f"x{n.params['index']}")
             elif n.op is Leaf.LITERAL:
                 text.append(n.params["text"])
+            elif n.op is Leaf.REDUCED:
+                text.append("r")
             else:
                 ps = ",".join(
                     str(v.value) if isinstance(v, Enum) else str(v) for v in n.params.values()
@@ -113,32 +122,42 @@ FUSED = Prim("Fused", None, fused=True, body=FusedBody)
 FUSED_REDUCE = Prim(
     "FusedReduce", None, fused=True, body=FusedBody, op=ReduceOp, axis=int, keepdim=bool
 )
+FUSED_ROW = Prim(
+    "FusedRow", None, fused=True, body=FusedBody, op=ReduceOp, axis=int, epilogue=FusedBody
+)
 
 
-def type_body(body: FusedBody, operands: Sequence[Var]) -> Aval:
-    """Re-type every node with its prim's own shape rule; the result's (shape, dtype).
-
-    Each operand is read by exactly one leaf, in order (leaf ``j`` reads operand ``j``), and
-    a leaf's recorded type must be its operand's."""
+def _type_nodes(
+    body: FusedBody, operands: Sequence[Var], reduced: Aval | None = None
+) -> tuple[Aval, set[int]]:
+    """Re-type every node with its prim's own shape rule: the result's (shape, dtype) and
+    the operands the leaves read. A leaf's type must be its operand's; no two leaves of one
+    body read the same operand; a ``REDUCED`` leaf (only where ``reduced`` is given) has the
+    reduction's type."""
     if not body.nodes:
         raise ShapeError("a fused body has no nodes")
-    seen = 0
+    read: set[int] = set()
     stand_ins: list[Var] = []
     for k, n in enumerate(body.nodes):
         if any(not 0 <= a < k for a in n.args):
             raise ShapeError(f"fused node {k} reads a node that is not before it: {n.args}")
         if n.op is Leaf.OPERAND:
             j = n.params["index"]
-            if j != seen or j >= len(operands):
-                raise ShapeError(f"fused leaf {k} reads operand {j}; expected operand {seen}")
+            if not 0 <= j < len(operands) or j in read:
+                raise ShapeError(f"fused leaf {k} reads operand {j} of {len(operands)} "
+                                 f"(a second time: {j in read})")
             x = operands[j]
             if (x.shape, x.dtype) != (n.shape, n.dtype):
                 raise ShapeError(f"fused leaf {k}: operand is {x.aval()}, leaf says "
                                  f"{n.dtype.value}{list(n.shape)}")
-            seen += 1
+            read.add(j)
         elif n.op is Leaf.LITERAL:
             if n.shape != () or (n.dtype is BOOL) != isinstance(n.params["value"], bool):
                 raise ShapeError(f"fused literal {k} is not a {n.dtype.value} scalar")
+        elif n.op is Leaf.REDUCED:
+            if reduced is None or (n.shape, n.dtype) != reduced:
+                raise ShapeError(f"fused leaf {k} reads a reduction {(n.shape, n.dtype)}; "
+                                 f"the eqn's is {reduced}")
         else:
             if n.op not in ELEMENTWISE:
                 raise ShapeError(f"{n.op} is not elementwise: it cannot be in a fused body")
@@ -147,9 +166,18 @@ def type_body(body: FusedBody, operands: Sequence[Var]) -> Aval:
                 raise ShapeError(f"fused node {k} ({n.op}) types as {avals}, recorded as "
                                  f"{(n.shape, n.dtype)}")
         stand_ins.append(Var(n.shape, n.dtype))
-    if seen != len(operands):
-        raise ShapeError(f"fused body reads {seen} operand(s); the eqn has {len(operands)}")
-    return body.out.shape, body.out.dtype
+    return (body.out.shape, body.out.dtype), read
+
+
+def type_body(body: FusedBody, operands: Sequence[Var]) -> Aval:
+    """The (shape, dtype) of a body whose leaves read every operand, each once, in order
+    (leaf ``j`` reads operand ``j``: the form ``compile.fuse`` builds)."""
+    aval, _ = _type_nodes(body, operands)
+    leaves = [n.params["index"] for n in body.nodes if n.op is Leaf.OPERAND]
+    if leaves != list(range(len(operands))):
+        raise ShapeError(f"fused leaves read operands {leaves}; the eqn has {len(operands)}, "
+                         "each read once, in order")
+    return aval
 
 
 @rule(FUSED)
@@ -164,3 +192,21 @@ def _fused_reduce(xs: Sequence[Var], p: Params) -> list[Aval]:
         raise ShapeError("FusedReduce of a bool body (Reduce is for numbers)")
     rp = {k: p[k] for k in ("op", "axis", "keepdim")}
     return type_eqn(REDUCE, [Var(shape, dt)], rp)
+
+
+@rule(FUSED_ROW)
+def _fused_row(xs: Sequence[Var], p: Params) -> list[Aval]:
+    """The prologue reads the first operands (in order, as a ``FusedReduce`` body); the
+    epilogue may read any operand and the row's reduction, and is row-shaped: its value has
+    the prologue's shape, so each output element lies in one reduced row."""
+    body, epi = p["body"], p["epilogue"]
+    row = type_body(body, xs[: body.n_operands])
+    if row[1] is BOOL:
+        raise ShapeError("FusedRow of a bool body (Reduce is for numbers)")
+    (red,) = type_eqn(REDUCE, [Var(*row)], {"op": p["op"], "axis": p["axis"], "keepdim": True})
+    out, read = _type_nodes(epi, xs, reduced=red)
+    if read | set(range(body.n_operands)) != set(range(len(xs))):
+        raise ShapeError(f"FusedRow operands {sorted(set(range(len(xs))) - read)} are unread")
+    if out[0] != row[0]:
+        raise ShapeError(f"FusedRow epilogue shape {out[0]} is not the row shape {row[0]}")
+    return [out]

@@ -9,8 +9,10 @@ elements per lane before the shared-memory tree.
 
 from __future__ import annotations
 
+import math
+
 from ..ir import Eqn
-from ..ir.fused import FUSED, FUSED_REDUCE
+from ..ir.fused import FUSED, FUSED_REDUCE, FUSED_ROW
 from .requests import FusedReduceRequest, FusedRequest, fold_grid
 from .rules import PRIM_WORKGROUP, KernelCall, PlanContext, RuleResult, plan_rules
 
@@ -37,13 +39,18 @@ def reduce_lanes(length: int, max_invocations: int) -> int:
     return lanes
 
 
-@plan_rules.register(FUSED_REDUCE)
+@plan_rules.register(FUSED_REDUCE, FUSED_ROW)
 def _fused_reduce(e: Eqn, ctx: PlanContext) -> RuleResult:
+    """A workgroup per reduced row (``FusedRow``: which also writes the row's epilogue)."""
     body, axis = e.params["body"], e.params["axis"]
+    row = e.prim is FUSED_ROW
     req = FusedReduceRequest(
-        body=body, op=e.params["op"], axis=axis, keepdim=e.params["keepdim"],
+        body=body, op=e.params["op"], axis=axis, keepdim=True if row else e.params["keepdim"],
         inputs=tuple((v.shape, v.dtype) for v in e.inputs), output=(e.out.shape, e.out.dtype),
         lanes=reduce_lanes(body.out.shape[axis], ctx.profile.max_invocations),
-        grid=fold_grid(max(e.out.size, 1), ctx.profile.max_grid),
+        grid=fold_grid(max(math.prod(body.out.shape) // max(body.out.shape[axis], 1), 1),
+                       ctx.profile.max_grid),
+        epilogue=e.params["epilogue"] if row else None,
     )
-    return RuleResult([KernelCall(req, (*e.inputs, e.out), "fused reduce")])
+    return RuleResult([KernelCall(req, (*e.inputs, e.out), "fused row" if row else
+                                  "fused reduce")])

@@ -157,9 +157,13 @@ class FusedRequest:
 @dataclass(frozen=True)
 class FusedReduceRequest:
     """A reduction whose input is a fused body computed on load: one workgroup of ``lanes``
-    per output element; lane ``l`` folds elements ``l, l + lanes, ...`` of the reduced axis
-    into a register, then the workgroup combines the lanes' partials through shared memory
-    (a tree, log2(lanes) barriers). The body's value is never stored."""
+    per reduced row; lane ``l`` folds elements ``l, l + lanes, ...`` of the row into a
+    register, then the workgroup combines the lanes' partials through shared memory (a
+    tree, log2(lanes) barriers). The body's value is never stored.
+
+    With an ``epilogue`` (``FusedRow``) the workgroup then walks its row again, computing
+    the epilogue per element from the row's reduction (held in a register), and stores that
+    instead: the reduction is never stored either."""
 
     body: FusedBody
     op: ReduceOp
@@ -169,13 +173,15 @@ class FusedReduceRequest:
     output: Aval
     lanes: int  # a power of two
     grid: tuple[int, int]
+    epilogue: FusedBody | None = None
 
     @property
     def rows(self) -> int:
-        """Output elements: one workgroup each."""
+        """Reduced rows: one workgroup each."""
+        shape = self.body.out.shape
         n = 1
-        for d in self.output[0]:
-            n *= d
+        for d, size in enumerate(shape):
+            n *= 1 if d == self.axis else size
         return n
 
     @property
@@ -191,8 +197,9 @@ class FusedReduceRequest:
 
     def describe(self) -> str:
         shape = ",".join(map(str, self.output[0]))
+        epi = "" if self.epilogue is None else f" then {self.epilogue}"
         return (
-            f"FusedReduce[{self.op.value} axis={self.axis} of {self.body}] -> "
+            f"FusedReduce[{self.op.value} axis={self.axis} of {self.body}{epi}] -> "
             f"{self.output[1].value}[{shape}] rows={self.rows} lanes={self.lanes} "
             f"grid={self.grid[0]}x{self.grid[1]}"
         )

@@ -117,11 +117,17 @@ def _node_expr(n: Node, a: list[str], dts: list[DType]) -> str:
     raise AssertionError(f"{op} has no fused expression")  # type_body admits nothing else
 
 
-def body_lines(body: FusedBody, read: Callable[[int, Node], str]) -> tuple[list[str], str]:
+def body_lines(
+    body: FusedBody, read: Callable[[int, Node], str], reduced: str | None = None,
+    hoist: list[bool] | None = None,
+) -> tuple[list[str], str, list[str]]:
     """One declaration per node (``read(j, leaf)`` is operand ``j``'s stored element at the
-    current index) and the result's register name."""
+    current index; ``reduced`` the register holding the row's reduction) and the result's
+    register name. Nodes marked in ``hoist`` are declared in the third list instead (a
+    row's epilogue computes them once per row, before its loop)."""
     names: list[str] = []
     lines: list[str] = []
+    hoisted: list[str] = []
     last = len(body.nodes) - 1
     for k, n in enumerate(body.nodes):
         if n.op is P.BROADCAST:  # a view: the node is its operand at the broadcast index
@@ -129,6 +135,10 @@ def body_lines(body: FusedBody, read: Callable[[int, Node], str]) -> tuple[list[
             continue
         if n.op is Leaf.OPERAND:
             expr = load(read(n.params["index"], n), n.dtype)
+        elif n.op is Leaf.REDUCED:
+            assert reduced is not None
+            names.append(reduced)
+            continue
         elif n.op is Leaf.LITERAL:
             expr = literal_value(n)
         else:
@@ -136,9 +146,24 @@ def body_lines(body: FusedBody, read: Callable[[int, Node], str]) -> tuple[list[
                               [body.nodes[j].dtype for j in n.args])
             if n.dtype in HALF and k != last:  # the last node is rounded by its store
                 expr = round_to(expr, n.dtype)
-        lines.append(f"    {CTYPE[n.dtype]} t{k} = {expr};")
+        (hoisted if hoist and hoist[k] else lines).append(f"    {CTYPE[n.dtype]} t{k} = {expr};")
         names.append(f"t{k}")
-    return lines, names[-1]
+    return lines, names[-1], hoisted
+
+
+def row_invariant(body: FusedBody, axis: int, rank: int) -> list[bool]:
+    """Which nodes do not vary along the reduced ``axis`` (of a rank-``rank`` row): literals,
+    the reduction, operands broadcast along it, and everything computed from those only."""
+    inv: list[bool] = []
+    for n in body.nodes:
+        if n.op is Leaf.OPERAND:
+            d = axis - (rank - len(n.shape))
+            inv.append(d < 0 or n.shape[d] == 1)
+        elif n.op in (Leaf.LITERAL, Leaf.REDUCED):
+            inv.append(True)
+        else:
+            inv.append(all(inv[a] for a in n.args))
+    return inv
 
 
 def _uses_bf16(body: FusedBody) -> bool:
@@ -149,7 +174,7 @@ def _uses_bf16(body: FusedBody) -> bool:
 def generate_fused(req: FusedRequest) -> str:
     rank = len(req.output[0])
     binds = req.bindings()
-    lines, result = body_lines(
+    lines, result, _ = body_lines(
         req.body, lambda j, leaf: f"x{j}[{bcast_index(leaf.shape, rank)}]"
     )
     storage16 = any(b.dtype in HALF for b in binds)
@@ -192,16 +217,33 @@ def generate_fused_reduce(req: FusedReduceRequest) -> str:
     row_index = "\n".join(
         f"    uint i{d} = (row / {kst[d]}u) % {kshape[d]}u;" for d in range(rank) if d != axis
     )
-    lines, result = body_lines(
+    lines, result, _ = body_lines(
         req.body, lambda j, leaf: f"x{j}[{bcast_index(leaf.shape, rank)}]"
     )
     inner = "\n".join("    " + ln for ln in lines)
     binds = req.bindings()
     storage16 = any(b.dtype in HALF for b in binds)
+    if req.epilogue is None:
+        finish = f"    if (lane == 0u) y[row] = {store('s_acc[0]', req.output[1])};\n"
+    else:  # the row again: the epilogue per element, from the reduction in a register
+        red = "s_acc[0]" if dt not in HALF else round_to("s_acc[0]", dt)
+        epi, value, once = body_lines(
+            req.epilogue, lambda j, leaf: f"x{j}[{bcast_index(leaf.shape, rank)}]", "red",
+            hoist=row_invariant(req.epilogue, axis, rank),
+        )
+        out = " + ".join(f"i{d} * {st}u" for d, st in enumerate(strides(shape))) or "0u"
+        finish = (
+            f"    {ct} red = {red};\n"
+            + "".join(ln + "\n" for ln in once)
+            + f"    for (uint i{axis} = lane; i{axis} < {shape[axis]}u; i{axis} += {lanes}u) {{\n"
+            + "\n".join("    " + ln for ln in epi)
+            + f"\n        y[{out}] = {store(value, req.output[1])};\n    }}\n"
+        )
+    bf16 = any(b is not None and _uses_bf16(b) for b in (req.body, req.epilogue))
     return (
         header(lanes, storage16)
         + declare_bindings(binds)
-        + (BF16_ROUND if _uses_bf16(req.body) or req.output[1] is BF16 else "")
+        + (BF16_ROUND if bf16 or req.output[1] is BF16 else "")
         + f"shared {ct} s_acc[{lanes}];\n"
         + f"{ct} combine({ct} acc, {ct} v) {{ return {combine}; }}\n"
         + "void main() {\n"
@@ -219,6 +261,6 @@ def generate_fused_reduce(req: FusedReduceRequest) -> str:
         + "        if (lane < s) s_acc[lane] = combine(s_acc[lane], s_acc[lane + s]);\n"
         + "        barrier();\n"
         + "    }\n"
-        + f"    if (lane == 0u) y[row] = {store('s_acc[0]', req.output[1])};\n"
+        + finish
         + "}\n"
     )

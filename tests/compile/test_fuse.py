@@ -9,7 +9,7 @@ from pootvk.compile import canonicalize, compile_graph, fuse
 from pootvk.errors import ShapeError
 from pootvk.ir import F16, F32, Params, Var, check_graph
 from pootvk.ir import prims as P
-from pootvk.ir.fused import ELEMENTWISE, FUSED, FUSED_REDUCE, FusedBody, Node, type_body
+from pootvk.ir.fused import ELEMENTWISE, FUSED, FUSED_REDUCE, FUSED_ROW, FusedBody, Node, type_body
 from pootvk.ops import Builder, trace_decode_step
 from pootvk.oracle import evaluate
 from pootvk.plan import plan_graph, recorded_profile
@@ -49,27 +49,72 @@ def rms_graph(dtype=F32, rows=3, hidden=16):
     return b.build()
 
 
-def test_rms_norm_is_a_reduce_with_its_square_on_load_and_one_fused_scale():
+def test_rms_norm_is_one_kernel():
+    """The sum of squares computed on load, the scale per element of the same row: the
+    square, the sum and the row's scale factor are never stored."""
     g = rms_graph()
     assert len(kernels(canonicalize(g))) == 7
     c = assert_keeps_answer(g)
-    assert [e.prim for e in c.eqns] == [FUSED_REDUCE, FUSED]
-    red, scale = c.eqns
-    x, w = g.slots[0].var, g.slots[1].var
-    assert red.inputs == (x,) and str(red.params["body"]) == "Mul(x0, x0)"
-    assert scale.inputs == (x, red.out, w)  # x read again, the row's sum, the weight
-    assert kernels(c) == ["fused reduce", "fused"]
+    (row,) = c.eqns
+    assert row.prim is FUSED_ROW and row.inputs == (g.slots[0].var, g.slots[1].var)
+    assert str(row.params["body"]) == "Mul(x0, x0)"
+    epilogue = "Mul(Mul(x0, Unary[Rsqrt](Add(Mul(r, 0.0625), 1e-05))), x1)"
+    assert str(row.params["epilogue"]) == epilogue
+    assert kernels(c) == ["fused row"]
 
 
 def test_rms_norm_16bit_storage_fuses_its_single_use_converts():
     """The widened x is read twice (the square and the scale): it stays one Convert, stored
-    once; w's Convert and the narrowing of y fuse into the scale kernel."""
+    once; w's Convert and the narrowing of y fuse into the row kernel."""
     g = rms_graph(F16)
     c = assert_keeps_answer(g)
-    assert [e.prim for e in c.eqns] == [P.CONVERT, FUSED_REDUCE, FUSED]
-    cv, _red, scale = c.eqns
-    assert cv.inputs == (g.slots[0].var,) and scale.out.dtype is F16
-    assert {v.dtype for v in scale.inputs} == {F32, F16}  # w read as 16-bit
+    assert [e.prim for e in c.eqns] == [P.CONVERT, FUSED_ROW]
+    cv, row = c.eqns
+    assert cv.inputs == (g.slots[0].var,) and row.out.dtype is F16
+    assert {v.dtype for v in row.inputs} == {F32, F16}  # w read as 16-bit
+
+
+def test_softmax_is_two_row_kernels():
+    """max and exp(s - max) in one row kernel; ex is read twice (sum and divide), so it is
+    stored once, and the sum and the division are the second row kernel."""
+    b = Builder()
+    s = b.input("s", (4, 9))
+    m = b.reduce("Max", s, 1)
+    ex = b.unary("Exp", b.sub(s, m))
+    b.export("p", b.div(ex, b.reduce("Sum", ex, 1)))
+    g = b.build()
+    c = assert_keeps_answer(g)
+    assert [e.prim for e in c.eqns] == [FUSED_ROW, FUSED_ROW]
+    assert str(c.eqns[0].params["epilogue"]) == "Unary[Exp](Sub(x0, r))"
+    assert str(c.eqns[1].params["epilogue"]) == "Div(x0, r)"
+
+
+def test_a_reduction_stays_stored_when_observed_read_twice_or_not_row_shaped():
+    b = Builder()
+    x = b.input("x", (3, 8))
+    r1 = b.reduce("Sum", x, 1)
+    b.export("r1", r1)  # observed
+    b.export("a", b.mul(x, r1))
+    r2 = b.reduce("Max", b.unary("Abs", x), 1)
+    b.export("b", b.add(b.mul(x, r2), b.unary("Exp", r2)))  # r2 read by two eqns
+    r3 = b.reduce("Sum", b.mul(x, 2.0), 1)
+    b.export("c", b.add(r3, 1.0))  # [3,1]: not row-shaped
+    g = b.build()
+    c = assert_keeps_answer(g)
+    assert c.count(FUSED_ROW) == 0
+    assert c.count(P.REDUCE) == 1 and c.count(FUSED_REDUCE) == 2
+
+
+def test_a_reduction_of_a_state_is_not_moved_past_its_in_place_update():
+    b = Builder()
+    s = b.state("s", (2, 4))
+    r = b.reduce("Sum", b.mul(s, s), 1)
+    b.set_state("s", b.dynamic_update_slice(s, b.input("u", (1, 4)), [b.pos("p", 0, 1), 0]))
+    b.export("y", b.mul(b.input("x", (2, 4)), r))
+    g = b.build()
+    c = assert_keeps_answer(g)
+    plan_graph(c, LAVAPIPE)  # the reduction still reads the old state before the update
+    assert c.count(FUSED_ROW) == 0 and c.count(FUSED_REDUCE) == 1
 
 
 @pytest.mark.parametrize("silu_prim", [True, False])
