@@ -138,7 +138,14 @@ def _bench(args: argparse.Namespace) -> int:
 
 def kernel_summary(req: object) -> str:
     """One line for a planned kernel: its schedule, launch shape and split count."""
-    from .plan import AttentionRequest, DecodeCombineRequest, DecodeRequest, PrimRequest
+    from .plan import (
+        AttentionRequest,
+        DecodeCombineRequest,
+        DecodeRequest,
+        FusedReduceRequest,
+        FusedRequest,
+        PrimRequest,
+    )
 
     if isinstance(req, DecodeRequest):
         extra = ", fused combine" if req.splits > 1 and req.fused_combine else ""
@@ -154,6 +161,11 @@ def kernel_summary(req: object) -> str:
                 f"{req.keys_per_step} keys/step")
     if isinstance(req, PrimRequest):
         return f"{req.prim}: {req.threads} invocations"
+    if isinstance(req, FusedRequest):
+        return f"fused {req.body}: {req.threads} invocations"
+    if isinstance(req, FusedReduceRequest):
+        what = "row" if req.epilogue is not None else "reduce"
+        return f"fused {what} ({req.op.value}): {req.rows} workgroups x {req.lanes} lanes"
     return repr(req)
 
 
