@@ -3,8 +3,8 @@ goes through memory and costs no kernel of its own.
 
 Why: a decode step is memory-bound, and an unfused elementwise chain writes and reads every
 intermediate (RMSNorm traces seven eqns: x*x, Sum, *1/n, +eps, Rsqrt, *x, *w; SwiGLU's
-``silu(g) * u`` two). After this pass RMSNorm is two kernels (``Sum`` computing ``x*x`` on
-load, then one kernel for ``x * rsqrt(mean + eps) * w``) and SwiGLU one.
+``silu(g) * u`` two; softmax five). After this pass RMSNorm is one kernel, SwiGLU one after
+its matmuls, softmax two.
 
 What merges: an eqn of an elementwise prim (``ir.fused.ELEMENTWISE``, or a ``Fused`` eqn)
 whose output
@@ -12,12 +12,20 @@ whose output
 - is read by exactly one eqn (which may read it more than once: ``x * x``),
 - is not observable (an export, a state output or a validation witness), and
 - feeds an elementwise eqn (the two become one ``Fused`` eqn) or a ``Reduce`` (which
-  becomes a ``FusedReduce`` computing the producer on load);
+  becomes a ``FusedReduce`` computing the producer on load).
 
-within ``MAX_OPERANDS`` buffers and ``MAX_NODES`` nodes per body (a producer that would pass
-either limit stays its own eqn). A merged computation moves to its consumer's position, so
-one that reads a state slot is emitted before any eqn that overwrites that state in place.
-An eqn nothing merges into is left exactly as it was (its ordinary primitive kernel).
+Then a reduction keeping its axis, read by one eqn only and not observable, merges with the
+elementwise chain that reads it when that chain's value has the reduction's row shape: one
+``FusedRow`` kernel reduces each row and computes the chain per element of the same row
+(``x * rsqrt(mean(x*x) + eps) * w``: the sum is never stored).
+
+All within ``MAX_OPERANDS`` buffers and ``MAX_NODES`` nodes per kernel (a producer that
+would pass either limit stays its own eqn). Rounds repeat to a fixed point: a value two eqns
+read, both merged into one body by a round, is read by one eqn in the next and merges then
+(one node both reads share: computed once). A merged computation moves to its consumer's
+position, so one that reads a state slot is emitted before any eqn that overwrites that
+state in place, and a reduction of such a state is not moved past the update. An eqn
+nothing merges into is left exactly as it was (its ordinary primitive kernel).
 
 The pass runs last, after the attention rewrite (it would hide an attention chain's
 elementwise steps from the matcher), and keeps the oracle's answer bit for bit: the fused
@@ -129,7 +137,17 @@ def _as_eqn(x: _Expr, outputs: tuple[Var, ...]) -> Eqn:
 
 
 def fuse(g: Graph) -> Graph:
-    """Merge elementwise producers into their single consumers (see the module doc)."""
+    """Merge elementwise producers into their single consumers (see the module doc), to a
+    fixed point: a value read by two eqns that one pass merged into one body is read by one
+    eqn in the next, and merges then (computed once, in registers, for both reads)."""
+    while True:
+        fused = _fuse_once(g)
+        if len(fused.eqns) == len(g.eqns):
+            return fused
+        g = fused
+
+
+def _fuse_once(g: Graph) -> Graph:
     info = g.use_info()
     observed = info.observed
     overwrites = {v: g.slot(name).var for name, v in g.states.items()}  # output -> old slot
@@ -227,6 +245,8 @@ def fuse(g: Graph) -> Graph:
             if v in pending:
                 materialize(v)
         eqns.append(e)
+        if e.prim is FUSED_REDUCE:  # made by an earlier pass: a FusedRow's prologue still
+            note_reduction(e)
     for v in list(pending):  # nothing observable reads these: only dead code is left here
         materialize(v)
     return dead_code_elimination(g.replace([e for e in eqns if e is not None]))

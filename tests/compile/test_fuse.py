@@ -96,7 +96,8 @@ def test_a_reduction_stays_stored_when_observed_read_twice_or_not_row_shaped():
     b.export("r1", r1)  # observed
     b.export("a", b.mul(x, r1))
     r2 = b.reduce("Max", b.unary("Abs", x), 1)
-    b.export("b", b.add(b.mul(x, r2), b.unary("Exp", r2)))  # r2 read by two eqns
+    b.export("b", b.mul(x, r2))
+    b.export("b2", b.unary("Exp", r2))  # r2 read by two kernels
     r3 = b.reduce("Sum", b.mul(x, 2.0), 1)
     b.export("c", b.add(r3, 1.0))  # [3,1]: not row-shaped
     g = b.build()
@@ -136,17 +137,32 @@ def test_no_fusion_across_an_export_a_state_output_or_a_second_use():
     e = b.exp(x)
     b.export("e", e)  # exported: stays its own eqn
     n = b.unary("Neg", x)
-    twice = b.add(b.mul(n, 2.0), b.mul(n, 3.0))  # n is read by two eqns
+    b.export("m", b.mul(n, 2.0))  # n is read by two kernels: this one and y's
     new_s = b.mul(s, 0.5)
     b.set_state("s", new_s)  # a state output
-    b.export("y", b.add(b.add(e, twice), b.unary("Tanh", new_s)))
+    b.export("y", b.add(b.add(e, b.mul(n, 3.0)), b.unary("Tanh", new_s)))
     g = b.build()
     c = assert_keeps_answer(g)
     outs = {o for eq in c.eqns for o in eq.outputs}
     assert {e, n, new_s} <= outs  # each still stored
     (last,) = [eq for eq in c.eqns if eq.out is g.exports["y"]]
     assert last.prim is FUSED and set(last.inputs) == {e, n, new_s}
-    assert "Mul" in str(last.params["body"])  # the two products were merged, n was not
+    assert str(last.params["body"]) == "Add(Add(x0, Mul(x1, 3.0)), Unary[Tanh](x2))"
+
+
+def test_a_value_read_twice_inside_one_body_is_computed_once():
+    """n is read by two eqns that both merge into y's body: the next round merges n too,
+    as one node both reads share (nothing is computed twice, nothing stored)."""
+    b = Builder()
+    x = b.input("x", (4,))
+    n = b.unary("Neg", x)
+    b.export("y", b.add(b.mul(n, 2.0), b.mul(n, 3.0)))
+    g = b.build()
+    (y,) = assert_keeps_answer(g).eqns
+    body = y.params["body"]
+    assert y.inputs == (x,)
+    assert str(body) == "Add(Mul(Unary[Neg](x0), 2.0), Mul(Unary[Neg](x0), 3.0))"
+    assert sum(1 for nd in body.nodes if nd.op is P.UNARY) == 1  # printed twice, one node
 
 
 def test_a_merged_read_of_a_state_stays_before_its_in_place_update():
