@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ir import BOOL, Eqn, Graph, Literal, Params, Prim, Var
+from ..ir import BOOL, DType, Eqn, Graph, Literal, Params, Prim, Var
 from ..ir.fused import ELEMENTWISE, FUSED, FUSED_REDUCE, FUSED_ROW, FusedBody, Leaf, Node
 from ..ir.prims import REDUCE
 from .canonicalize import dead_code_elimination
@@ -57,7 +57,7 @@ class _Expr:
     params: Params
     args: tuple[_Expr | Var, ...]
     shape: tuple[int, ...]
-    dtype: object
+    dtype: DType
     eqn: Eqn | None = None
 
 
@@ -84,7 +84,7 @@ def linearize(
             return memo[key]
         if isinstance(a, _Expr):
             args = tuple(visit(b) for b in a.args)
-            nodes.append(Node(a.op, args, a.params, a.shape, a.dtype))  # type: ignore[arg-type]
+            nodes.append(Node(a.op, args, a.params, a.shape, a.dtype))
         elif a is reduced:
             nodes.append(Node.reduced(a.shape, a.dtype))
         else:
@@ -117,7 +117,8 @@ def _expr_of(e: Eqn, args: dict[Var, _Expr | Var]) -> _Expr:
             elif n.op is Leaf.LITERAL:
                 built.append(Literal(n.params["value"], n.dtype))
             else:
-                built.append(_Expr(n.op, n.params, tuple(built[a] for a in n.args),  # type: ignore[arg-type]
+                assert isinstance(n.op, Prim)  # a Fused body has no REDUCED leaf
+                built.append(_Expr(n.op, n.params, tuple(built[a] for a in n.args),
                                    n.shape, n.dtype))
         root = built[-1]
         assert isinstance(root, _Expr)

@@ -119,12 +119,13 @@ def _node_expr(n: Node, a: list[str], dts: list[DType]) -> str:
 
 def body_lines(
     body: FusedBody, read: Callable[[int, Node], str], reduced: str | None = None,
-    hoist: list[bool] | None = None,
+    hoist: list[bool] | None = None, stored: bool = True,
 ) -> tuple[list[str], str, list[str]]:
     """One declaration per node (``read(j, leaf)`` is operand ``j``'s stored element at the
     current index; ``reduced`` the register holding the row's reduction) and the result's
     register name. Nodes marked in ``hoist`` are declared in the third list instead (a
-    row's epilogue computes them once per row, before its loop)."""
+    row's epilogue computes them once per row, before its loop). A 16-bit result is left
+    for its store to round when ``stored``; a reduction's input is rounded here."""
     names: list[str] = []
     lines: list[str] = []
     hoisted: list[str] = []
@@ -144,7 +145,7 @@ def body_lines(
         else:
             expr = _node_expr(n, [names[j] for j in n.args],
                               [body.nodes[j].dtype for j in n.args])
-            if n.dtype in HALF and k != last:  # the last node is rounded by its store
+            if n.dtype in HALF and not (stored and k == last):
                 expr = round_to(expr, n.dtype)
         (hoisted if hoist and hoist[k] else lines).append(f"    {CTYPE[n.dtype]} t{k} = {expr};")
         names.append(f"t{k}")
@@ -218,7 +219,7 @@ def generate_fused_reduce(req: FusedReduceRequest) -> str:
         f"    uint i{d} = (row / {kst[d]}u) % {kshape[d]}u;" for d in range(rank) if d != axis
     )
     lines, result, _ = body_lines(
-        req.body, lambda j, leaf: f"x{j}[{bcast_index(leaf.shape, rank)}]"
+        req.body, lambda j, leaf: f"x{j}[{bcast_index(leaf.shape, rank)}]", stored=False
     )
     inner = "\n".join("    " + ln for ln in lines)
     binds = req.bindings()

@@ -120,6 +120,22 @@ def test_16bit_intermediates_round_like_stored_ones(device):
     np.testing.assert_array_equal(out["y"], ref)
 
 
+def test_a_16bit_reduction_input_is_rounded_before_it_is_summed(device):
+    """Sum(h + g) in F16: 1 + 2**-12 is 1 in half, so the row [1 + 2**-12, -1] sums to 0
+    exactly; summing the unrounded values would give 2**-12 (a half can hold it)."""
+    b = Builder()
+    h, g = b.input("h", (3, 2), F16), b.input("g", (3, 2), F16)
+    b.export("s", b.reduce("Sum", b.add(h, g), 1))
+    graph = b.build()
+    ins = {"h": np.array([[1, -1]] * 3, np.float16),
+           "g": np.array([[2**-12, 0]] * 3, np.float16)}
+    c = compile_graph(graph)
+    assert [e.prim for e in c.eqns] == [FUSED_REDUCE]
+    out, _ = run_on_device(device, c, ins)
+    np.testing.assert_array_equal(evaluate(graph, ins)["s"], np.zeros((3, 1), np.float16))
+    np.testing.assert_array_equal(out["s"], np.zeros((3, 1), np.float16))
+
+
 @settings(max_examples=examples(10), deadline=None)
 @given(g=elementwise_graphs(tame=True))
 def test_random_graphs_fused_on_the_device(device, g):
