@@ -20,7 +20,8 @@ BINARY = ["add", "sub", "mul", "max", "min"]
 @st.composite
 def elementwise_graphs(draw: st.DrawFn, tame: bool = False) -> Graph:
     """2-4 inputs of shapes broadcasting to BASE, then 3-14 random steps drawn from the
-    elementwise prims, keepdim reductions, broadcasts and an F16 round trip; some values
+    elementwise prims, keepdim reductions (some read back by their rows, as a norm or a
+    softmax does), broadcasts and an F16 round trip; some values
     are exported along the way (fusion must not hide them) and some reused (used twice)."""
     b = Builder()
     pool: list[Var] = []
@@ -35,7 +36,7 @@ def elementwise_graphs(draw: st.DrawFn, tame: bool = False) -> Graph:
         y = pool[draw(pick) % len(pool)]
         kind = draw(st.sampled_from(
             ["binary", "binary", "unary", "unary", "literal", "compare", "select", "reduce",
-             "broadcast", "f16"]
+             "row", "row", "broadcast", "f16"]
         ))
         if kind == "binary":
             v = getattr(b, draw(st.sampled_from(binary)))(x, y)
@@ -57,6 +58,11 @@ def elementwise_graphs(draw: st.DrawFn, tame: bool = False) -> Graph:
                 continue
             axis = draw(st.integers(0, x.ndim - 1))
             v = b.reduce(draw(st.sampled_from(["Sum", "Max"])), x, axis, keepdim=True)
+        elif kind == "row":  # a reduction read back by its own rows (norm, softmax)
+            if x.ndim == 0:
+                continue
+            r = b.reduce(draw(st.sampled_from(["Sum", "Max"])), x, draw(st.integers(0, x.ndim - 1)))
+            v = getattr(b, draw(st.sampled_from(BINARY)))(x, b.unary("Tanh", r))
         elif kind == "broadcast":
             v = b.broadcast(x, BASE)
         else:
