@@ -141,3 +141,22 @@ def test_a_16bit_reduction_input_is_rounded_before_it_is_summed(device):
 def test_random_graphs_fused_on_the_device(device, g):
     ins = random_inputs(g, np.random.default_rng(0))
     check(device, g, ins, tol=1e-5)
+
+
+def test_folded_grids_on_the_device(device):
+    """300 rows over a grid of at most 64 workgroups in X: rows and elements are found from
+    the 2-D workgroup id."""
+    b = Builder()
+    x = b.input("x", (300, 8))
+    b.export("y", rms_norm(b, x, b.param("w", (8,))))
+    b.export("z", b.mul(b.unary("Silu", x), 3.0))  # 2400 elements: 38 groups of 64
+    g = b.build()
+    small = device.profile.with_(max_grid=(16, 65535, 65535))
+    c = compile_graph(g)
+    plan = plan_graph(c, small)
+    assert all(k.request.grid[1] > 1 for k in plan.kernels)
+    ins = random_inputs(g, np.random.default_rng(9))
+    out, _ = run_on_device(device, c, ins, profile=small)
+    ref = evaluate(g, ins)
+    for k in ("y", "z"):
+        assert_close(out[k], ref[k], 1e-6)
