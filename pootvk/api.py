@@ -42,6 +42,18 @@ def _kv_dtype(k: np.ndarray, v: np.ndarray) -> DType:
     return dk
 
 
+def _lengths(x: object, batch: int) -> np.ndarray:
+    """An int array [B] as I32 (its range is the device guard's to check)."""
+    a = np.asarray(x)
+    if a.dtype.kind not in "iu":
+        raise BindError("lengths", "an integer array", a.dtype.name, "dtype")
+    if a.shape != (batch,):
+        raise BindError("lengths", (batch,), a.shape, "shape")
+    if a.size and (a.min() < -(2**31) or a.max() > 2**31 - 1):
+        raise BindError("lengths", "int32 values", int(a.max()), "value")
+    return a.astype(np.int32)
+
+
 def _real(name: str, x: object) -> float | None:
     """None, or a finite real number as a Python float (np.float32 and ints welcome)."""
     if x is None:
@@ -59,6 +71,7 @@ def attention(
     scale: float | None = None,
     softcap: float | None = None,
     device: Device | int | str | None = None,
+    lengths: np.ndarray | None = None,
 ) -> np.ndarray:
     """softmax(softcap(q k^T * scale) + mask) v on a Vulkan device, through the whole pipeline.
 
@@ -83,10 +96,14 @@ def attention(
         q.shape, k.shape, v.shape, None if mask is None else values["mask"].shape,
         softcap=softcap,
     )
+    if lengths is not None:
+        values["lengths"] = _lengths(lengths, q.shape[0])
     shapes = (q.shape, k.shape, v.shape, None if mask is None else values["mask"].shape)
+    live = lengths is not None
     with held_replay(  # held: another thread's eviction cannot free it mid-step
-        ("attention", *shapes, scale, softcap, kv, current_forced()),
-        lambda: trace_attention(*shapes, scale=scale, softcap=softcap, kv_dtype=kv),
+        ("attention", *shapes, scale, softcap, kv, live, current_forced()),
+        lambda: trace_attention(*shapes, scale=scale, softcap=softcap, kv_dtype=kv,
+                                lengths=live),
         dev,
     ) as rp:
         return rp.step(values)["out"]

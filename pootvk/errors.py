@@ -202,8 +202,14 @@ class InvalidBinding(PootvkError, ValueError):
 
 
 class GuardFailed(PootvkError, ValueError):
-    """An index guard's witness was nonzero after a step: its outputs are not published."""
+    """An index guard's witness counted offending values after a step: nothing of the step
+    is published (no output returned, state writes skipped). ``value`` is one of them."""
 
-    def __init__(self, guard: str, witness: object) -> None:
-        self.guard, self.witness = guard, witness
-        super().__init__(f"index guard {guard!r} failed (witness {witness}); nothing published")
+    def __init__(self, guard: str, value: int, count: int = 1,
+                 lo: int | None = None, hi: int | None = None) -> None:
+        self.guard, self.value, self.count, self.lo, self.hi = guard, value, count, lo, hi
+        where = f" outside [{lo}, {hi}]" if lo is not None else ""
+        super().__init__(
+            f"index guard {guard!r} failed: {count} value(s){where}, e.g. {value}; "
+            "nothing published (outputs not returned, state unchanged)"
+        )

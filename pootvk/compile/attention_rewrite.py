@@ -5,7 +5,11 @@ Matched (after canonicalization), from the output back:
     out = MatMul(Div(ex, Reduce[Sum,-1](ex)), rep(v))      ex = Exp(Sub(s, Reduce[Max,-1](s)))
     s   = [Add(., mask)] [Mul(Tanh(Div(., cap)), cap)] Mul(MatMul(q, Transpose(rep(k))), scale)
 
-where ``rep`` is the GQA repeat (Reshape -> Broadcast -> Reshape, or nothing). The fused eqn
+where ``rep`` is the GQA repeat (Reshape -> Broadcast -> Reshape, or nothing). The live form
+(``ops.attention_live``) adds ``Select(t < len, s, -inf)`` around the scores and
+``Select(t < len, k|v, 0)`` on the K/V rows before the repeat; it fuses to a form with
+``live`` and the ``len [B]`` operand only when value ranges (``compile.ranges``) prove
+``1 <= len <= Lk``, else the chain stays primitive (same answer). The fused eqn
 reuses the chain's output Var, so nothing downstream is renamed. A chain is left alone when
 it cannot be typed as Attention (rank, batch broadcast, mask shape, non-literal scale), is
 not F32 (the generated kernel is F32 only), or when one of its scores intermediates is used
@@ -16,11 +20,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..errors import PootvkError
 from ..ir import (
     BF16,
     F16,
     F32,
+    I32,
     AttentionForm,
     Eqn,
     Graph,
@@ -29,6 +36,7 @@ from ..ir import (
     Params,
     Prim,
     ReduceOp,
+    SlotKind,
     UnaryOp,
     Var,
     type_eqn,
@@ -38,17 +46,22 @@ from ..ir.prims import (
     ADD,
     ATTENTION,
     BROADCAST,
+    COMPARE,
     CONVERT,
     DIV,
+    IOTA,
     MATMUL,
     MUL,
     REDUCE,
     RESHAPE,
+    SELECT,
     SUB,
     TRANSPOSE,
     UNARY,
+    CompareOp,
 )
 from .canonicalize import dead_code_elimination
+from .ranges import value_ranges
 
 
 @dataclass
@@ -57,6 +70,8 @@ class _Ctx:
     prod: dict[Var, int]
     uses: dict[Var, list[int]]
     observed: frozenset[Var]
+    ranges: dict[Var, tuple[int, int]]
+    consts: dict[Var, np.ndarray]
 
 
 def _eq(ctx: _Ctx, v: Var, prim: Prim, **params: object) -> Eqn | None:
@@ -71,6 +86,37 @@ def _eq(ctx: _Ctx, v: Var, prim: Prim, **params: object) -> Eqn | None:
 
 def _lit(v: Var) -> float | None:
     return float(v.value) if isinstance(v, Literal) else None
+
+
+def _positions(ctx: _Ctx, v: Var, axis: int, lk: int) -> bool:
+    """Whether ``v`` holds the key positions 0..lk-1 along ``axis`` (extent 1 elsewhere): an
+    Iota, or the constant it was folded into."""
+    if v.ndim != 4 or v.shape[axis] != lk or v.size != lk or v.dtype is not I32:
+        return False
+    if _eq(ctx, v, IOTA, axis=axis) is not None:
+        return True
+    c = ctx.consts.get(v)
+    return c is not None and np.array_equal(c.reshape(-1), np.arange(lk))
+
+
+def _live_len(ctx: _Ctx, pred: Var, axis: int, lk: int) -> Var | None:
+    """The ``len [B]`` of a live predicate ``Compare[Lt](positions, Reshape(len))``."""
+    cmp = _eq(ctx, pred, COMPARE, op=CompareOp.LT)
+    if cmp is None or not _positions(ctx, cmp.inputs[0], axis, lk):
+        return None
+    r = _eq(ctx, cmp.inputs[1], RESHAPE)
+    n = r.inputs[0] if r else None
+    if n is None or n.dtype is not I32 or n.ndim != 1 or r.out.shape != (n.shape[0], 1, 1, 1):
+        return None
+    return n
+
+
+def _unselect(ctx: _Ctx, x: Var, fill: float) -> tuple[Var, Var] | None:
+    """(value, predicate) of ``Select(pred, value, fill)``."""
+    sel = _eq(ctx, x, SELECT)
+    if sel is None or _lit(sel.inputs[2]) != fill or isinstance(sel.inputs[1], Literal):
+        return None
+    return sel.inputs[1], sel.inputs[0]
 
 
 def _unrepeat(ctx: _Ctx, x: Var) -> tuple[Var, int]:
@@ -111,6 +157,12 @@ def _match(ctx: _Ctx, mm: Eqn) -> tuple[Eqn, list[Eqn]] | None:
         return None
     chain = [mm, div, rsum, exp, sub, rmax]
 
+    live_pred: Var | None = None  # the live form: inactive scores selected to -inf
+    live = _unselect(ctx, s, float("-inf"))
+    if live is not None:
+        s, live_pred = live
+        chain.append(ctx.g.eqns[ctx.prod[sub.inputs[0]]])
+
     mask: Var | None = None
     add = _eq(ctx, s, ADD)
     if add is not None:
@@ -150,6 +202,20 @@ def _match(ctx: _Ctx, mm: Eqn) -> tuple[Eqn, list[Eqn]] | None:
 
     k, n_rep = _unrepeat(ctx, tr.inputs[0])
     v, n_rep_v = _unrepeat(ctx, v_exp)
+    length: Var | None = None
+    if live_pred is not None:
+        # K/V rows selected to zero by the same predicate, over a length the ranges prove
+        ks, vs = _unselect(ctx, k, 0.0), _unselect(ctx, v, 0.0)
+        if ks is None or vs is None or ks[1] is not vs[1] or k.ndim != 4:
+            return None
+        lk = k.shape[2]
+        (k, kv_pred), (v, _) = ks, vs
+        length = _live_len(ctx, live_pred, 3, lk)
+        if length is None or _live_len(ctx, kv_pred, 2, lk) is not length:
+            return None
+        rng = ctx.ranges.get(length)
+        if rng is None or not 1 <= rng[0] <= rng[1] <= lk:
+            return None
     # 16-bit K/V: Convert(k16 -> F32) feeding the chain folds into the form's storage dtype
     kv_dtype = F32
     ck, cv = _eq(ctx, k, CONVERT, dtype=F32), _eq(ctx, v, CONVERT, dtype=F32)
@@ -174,9 +240,12 @@ def _match(ctx: _Ctx, mm: Eqn) -> tuple[Eqn, list[Eqn]] | None:
         scale=float(scale), softcap=softcap, n_rep=n_rep,
         mask=MaskKind.NONE if mask is None else MaskKind.ADDITIVE,
         mask_bcast=None if mask is None else mask_bcast(mask.shape), kv_dtype=kv_dtype,
+        live=length is not None,
     )
     params = Params(form=form)
     ins = (q, k, v) if mask is None else (q, k, v, mask)
+    if length is not None:
+        ins += (length,)
     try:
         avals = type_eqn(ATTENTION, ins, params)
     except PootvkError:
@@ -189,7 +258,8 @@ def _match(ctx: _Ctx, mm: Eqn) -> tuple[Eqn, list[Eqn]] | None:
 def attention_rewrite(g: Graph) -> Graph:
     """Replace every recognised attention chain; everything else is left as it is."""
     info = g.use_info()
-    ctx = _Ctx(g, info.producer, info.users, info.observed)
+    consts = {s.var: g.constants[s.name] for s in g.slots if s.kind is SlotKind.CONST}
+    ctx = _Ctx(g, info.producer, info.users, info.observed, value_ranges(g), consts)
     eqns: list[Eqn] = []
     for e in g.eqns:
         m = _match(ctx, e) if e.prim is MATMUL else None

@@ -1,9 +1,10 @@
 """The Attention form as data: one frozen record and the one validator everybody calls.
 
 An ``AttentionForm`` names everything a fused attention computes besides its operands'
-shapes: the mask kind (none, an additive mask with its broadcast axes, or a live length),
-the key layout (dense, split, paged), the K/V storage dtype, the scale, the softcap and the
-GQA ratio. ``pootvk.attention``, the tracer and the shape rule all validate through
+shapes: the mask kind (none, or an additive mask with its broadcast axes), the live length
+(an I32 ``len [B]`` operand: keys at ``t >= len[b]`` are never visited), the key layout
+(dense, split, paged), the K/V storage dtype, the scale, the softcap and the GQA ratio.
+``pootvk.attention``, the tracer and the shape rule all validate through
 :func:`check_attention`, so a shape is refused with the same message wherever it enters.
 
 Adding a form: add the enum member, teach :func:`check_attention` its operands, then give
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from ..errors import ShapeError, UnsupportedPrimitive
-from .dtypes import BF16, F16, F32, DType
+from .dtypes import BF16, F16, F32, I32, DType
 
 Shape = tuple[int, ...]
 
@@ -25,7 +26,6 @@ Shape = tuple[int, ...]
 class MaskKind(Enum):
     NONE = "none"
     ADDITIVE = "additive"  # an operand [B|1, Hq|1, Lq|1, Lk] added to the scores
-    LIVE = "live"  # an i32 length per batch row: keys at t >= len[b] are ignored
 
 
 class KeyLayout(Enum):
@@ -37,7 +37,10 @@ class KeyLayout(Enum):
 @dataclass(frozen=True)
 class AttentionForm:
     """Everything but the shapes. ``mask_bcast`` says which of (B, H, Lq) the additive mask
-    broadcasts over (extent 1); it is None for other mask kinds."""
+    broadcasts over (extent 1); it is None for other mask kinds. ``live``: the last operand
+    is an I32 ``len [B]``; row b attends to keys ``t < len[b]`` only (the rewrite emits it
+    when value ranges prove ``1 <= len <= Lk``; kernels clamp it into ``0..=Lk``). It is
+    orthogonal to the additive mask (ALiBi over a live cache)."""
 
     scale: float
     softcap: float | None = None
@@ -46,6 +49,7 @@ class AttentionForm:
     mask_bcast: tuple[bool, bool, bool] | None = None
     keys: KeyLayout = KeyLayout.DENSE
     kv_dtype: DType = F32
+    live: bool = False
 
     def describe(self) -> str:
         parts = [f"scale={self.scale:.6g}"]
@@ -56,6 +60,8 @@ class AttentionForm:
         if self.mask_bcast is not None:
             mask += "[" + ",".join("1" if b else "n" for b in self.mask_bcast) + "]"
         parts.append(f"mask={mask}")
+        if self.live:
+            parts.append("live")
         if self.keys is not KeyLayout.DENSE:
             parts.append(f"keys={self.keys.value}")
         if self.kv_dtype is not F32:
@@ -64,7 +70,7 @@ class AttentionForm:
 
     @property
     def n_operands(self) -> int:
-        return 3 + (self.mask is not MaskKind.NONE)
+        return 3 + (self.mask is not MaskKind.NONE) + self.live
 
 
 def _rank4(name: str, s: Shape) -> None:
@@ -132,10 +138,8 @@ def check_form_operands(
     form: AttentionForm, shapes: Sequence[Shape], dtypes: Sequence[DType]
 ) -> tuple[Shape, DType]:
     """The shape rule of a fused Attention eqn: its operands against its form."""
-    if form.keys is not KeyLayout.DENSE or form.mask is MaskKind.LIVE:
-        raise UnsupportedPrimitive(
-            "Attention", f"the {form.keys.value} key / {form.mask.value} mask form is not built"
-        )
+    if form.keys is not KeyLayout.DENSE:
+        raise UnsupportedPrimitive("Attention", f"the {form.keys.value} key form is not built")
     if len(shapes) != form.n_operands:
         raise ShapeError(
             f"Attention with mask={form.mask.value} takes {form.n_operands} operands, "
@@ -154,4 +158,7 @@ def check_form_operands(
         raise ShapeError(f"Attention computes in f32: q is {q_dt.value}")
     if mask is not None and dtypes[3] is not F32:
         raise ShapeError(f"Attention mask must be f32, got {dtypes[3].value}")
+    if form.live and (tuple(shapes[-1]) != (out[0],) or dtypes[-1] is not I32):
+        raise ShapeError(f"Attention live length must be i32[{out[0]}], "
+                         f"got {dtypes[-1].value}{list(shapes[-1])}")
     return out, F32

@@ -157,7 +157,8 @@ class Graph:
 
     ``states`` maps a STATE slot's name to the Var holding its value after the step; the
     runtime updates that slot's buffer in place. ``validations`` are the witnesses of index
-    guards: an I32 scalar that is nonzero when a guard failed. ``constants`` holds the value
+    guards (``IndexGuard``: an I32 [2], the count of offending elements and one of them); a
+    nonzero first word fails the step and nothing of it is published. ``constants`` holds the value
     (a numpy array) of every CONST slot, by slot name.
     """
 

@@ -111,6 +111,12 @@ MATMUL = Prim("MatMul", 2)
 REDUCE = Prim("Reduce", 1, op=ReduceOp, axis=int, keepdim=bool)
 DYNAMIC_UPDATE_SLICE = Prim("DynamicUpdateSlice", None)
 ATTENTION = Prim("Attention", None, fused=True, form=AttentionForm)
+#: IndexGuard(x) -> (clamped, witness): ``clamped = clamp(x, lo, hi)`` and ``witness`` an
+#: I32 [2] (count of elements of x outside [lo, hi], one offending value). A graph declares
+#: the witness as a validation output; a nonzero count fails the step (``GuardFailed``)
+INDEX_GUARD = Prim("IndexGuard", 1, lo=int, hi=int)
+#: The witness layout: word 0 counts the offending elements, word 1 holds one of them.
+WITNESS_SHAPE = (2,)
 
 shape_rules: RuleTable[Prim, ShapeRule] = RuleTable(
     "shape", lambda p, why: ShapeError(f"{why} for primitive {p}")
@@ -249,15 +255,29 @@ def _reduce(xs: Sequence[Var], p: Params) -> list[Aval]:
 def _dus(xs: Sequence[Var], p: Params) -> list[Aval]:
     if len(xs) < 2:
         raise ShapeError("DynamicUpdateSlice takes an operand, an update and its starts")
-    operand, update, *starts = xs
+    operand, update, *rest = xs
     if update.ndim != operand.ndim or any(
         u > o for u, o in zip(update.shape, operand.shape, strict=True)
     ):
         raise ShapeError(f"DynamicUpdateSlice update {update.shape} does not fit {operand.shape}")
+    starts, gates = rest[: operand.ndim], rest[operand.ndim:]
     if len(starts) != operand.ndim or any(s.shape != () or s.dtype is not I32 for s in starts):
         raise ShapeError("DynamicUpdateSlice needs one scalar i32 start per operand axis")
+    # after the starts: index-guard witnesses gating the write (compile.ranges.gate_state)
+    if any(w.shape != WITNESS_SHAPE or w.dtype is not I32 for w in gates):
+        raise ShapeError("DynamicUpdateSlice gates are IndexGuard witnesses (i32[2])")
     _same_dtype(DYNAMIC_UPDATE_SLICE, (operand, update))
     return [(operand.shape, operand.dtype)]
+
+
+@rule(INDEX_GUARD)
+def _index_guard(xs: Sequence[Var], p: Params) -> list[Aval]:
+    x = xs[0]
+    if x.dtype is not I32:
+        raise ShapeError(f"IndexGuard guards i32 indices, got {x.dtype.value}")
+    if p["lo"] > p["hi"]:
+        raise ShapeError(f"IndexGuard range [{p['lo']}, {p['hi']}] is empty")
+    return [(x.shape, I32), (WITNESS_SHAPE, I32)]
 
 
 @rule(ATTENTION)

@@ -31,10 +31,15 @@ def _dim(name: str, x: object) -> object:
 class DecodeLoop:
     """One decode step per call: write k/v at the position, attend over the cache.
 
-    The graph is traced once (DynamicUpdateSlice into the state caches, the in-graph causal
-    mask, the attention chain), compiled to one Attention eqn, planned, and recorded into a
-    single command buffer; every ``step`` only writes q, k_new, v_new and the position into
-    mapped buffers and resubmits it, so ``recordings`` stays 1.
+    The graph is traced once (DynamicUpdateSlice into the state caches, the attention chain),
+    compiled to one Attention eqn, planned, and recorded into a single command buffer; every
+    ``step`` only writes q, k_new, v_new and the position into mapped buffers and resubmits
+    it, so ``recordings`` stays 1.
+
+    ``live`` (the default) attends in the live form (``ops.attention_live`` with
+    ``len = pos + 1``): the kernel visits the ``pos + 1`` written keys, so a step costs the
+    sequence length, not the capacity, and no mask is built. ``live=False`` keeps the
+    capacity form: a causal mask over every slot (Iota vs pos), built in the graph each step.
 
     Safe to share between threads: the position check, the step and the position increment
     happen under one lock (as do ``reset`` and reading the caches), so two threads never
@@ -55,6 +60,7 @@ class DecodeLoop:
         scale: float | None = None,
         timestamps: bool = False,
         kv_dtype: str = "float32",
+        live: bool = True,
     ) -> None:
         batch, q_heads, kv_heads, head_dim, capacity, value_dim = (
             _dim(n, x) for n, x in (("batch", batch), ("q_heads", q_heads),
@@ -64,11 +70,13 @@ class DecodeLoop:
         if kv_dtype not in KV_DTYPES:
             raise InvalidArgument("kv_dtype", f"one of {sorted(KV_DTYPES)}", kv_dtype)
         self.kv_dtype = kv_dtype
+        self.live = bool(live)
         self.device = resolve_device(device)  # a bad device= fails before tracing
         self.shape = (batch, q_heads, kv_heads, head_dim, value_dim or head_dim, capacity)
         self.graph: Graph = trace_decode_step(
             batch, q_heads, kv_heads, head_dim, capacity,
             value_dim=value_dim, softcap=softcap, scale=scale, kv_dtype=KV_DTYPES[kv_dtype],
+            live=self.live,
         )
         self._replay = build_replay(self.graph, self.device, timestamps=timestamps)
         self._lock = threading.RLock()
@@ -129,6 +137,21 @@ class DecodeLoop:
     def v_cache(self) -> np.ndarray:
         with self._lock:
             return self._replay.read_state("v_cache")
+
+    def seek(self, position: int, k_cache: np.ndarray | None = None,
+             v_cache: np.ndarray | None = None) -> None:
+        """Continue at ``position`` (the next step writes there), optionally over given cache
+        contents (e.g. a restored prefix; checked in full before anything is written)."""
+        _, _, _, _, _, cap = self.shape
+        if int(position) < 0:
+            raise InvalidArgument("position", f"an int in [0, {cap}]", position)
+        if int(position) > cap:
+            raise CapacityExceeded(int(position), 0, cap)
+        with self._lock:
+            for name, arr in (("k_cache", k_cache), ("v_cache", v_cache)):
+                if arr is not None:
+                    self._replay.set_state(name, arr)
+            self.position = int(position)
 
     def reset(self) -> None:
         """Start a new sequence: position 0, caches zeroed."""

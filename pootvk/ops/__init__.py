@@ -2,6 +2,7 @@
 
 from .attention import (
     attention_core,
+    attention_live,
     attention_masked,
     attention_prefill,
     causal_mask,
@@ -13,6 +14,6 @@ from .attention import (
 from .builder import Builder
 
 __all__ = [
-    "Builder", "attention_core", "attention_masked", "attention_prefill", "causal_mask",
-    "repeat_kv", "softmax", "trace_attention", "trace_decode_step",
+    "Builder", "attention_core", "attention_live", "attention_masked", "attention_prefill",
+    "causal_mask", "repeat_kv", "softmax", "trace_attention", "trace_decode_step",
 ]

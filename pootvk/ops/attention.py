@@ -11,7 +11,7 @@ import math
 import numbers
 
 from ..errors import ShapeError
-from ..ir import BF16, F16, F32, CompareOp, DType, Graph, ReduceOp, Var, check_attention
+from ..ir import BF16, F16, F32, I32, CompareOp, DType, Graph, ReduceOp, Var, check_attention
 from .builder import Builder
 
 NEG_INF = float("-inf")
@@ -65,6 +65,14 @@ def attention_core(
     """softmax(cap(q k^T * scale) + mask) v over [B, H, L, D] operands (GQA by repeat_kv).
 
     Operands are validated by the one attention validator (``ir.check_attention``)."""
+    return _attend(b, q, k, v, mask, scale, softcap, None)
+
+
+def _attend(
+    b: Builder, q: Var, k: Var, v: Var, mask: Var | None, scale: float | None,
+    softcap: float | None, length: Var | None,
+) -> Var:
+    """The chain itself; with ``length`` (an I32 [B] already guarded) the live selects."""
     check_attention(
         q.shape, k.shape, v.shape, None if mask is None else mask.shape, softcap=softcap
     )
@@ -75,6 +83,15 @@ def attention_core(
         k = b.convert(k, F32)
     if v.dtype is not F32:
         v = b.convert(v, F32)
+    live_keys: Var | None = None
+    if length is not None:
+        bb, lk = k.shape[0], k.shape[2]
+        lb = b.reshape(length, (bb, 1, 1, 1))
+        # inactive K/V rows are selected to zero (a NaN there must not reach a matmul:
+        # multiplying it by a zero weight would keep it) and inactive scores to -inf
+        rows = b.compare(CompareOp.LT, b.iota((1, 1, lk, 1), axis=2), lb)
+        k, v = b.select(rows, k, 0.0), b.select(rows, v, 0.0)
+        live_keys = b.compare(CompareOp.LT, b.iota((1, 1, 1, lk), axis=3), lb)
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
     k_exp = repeat_kv(b, k, n_rep)
     v_exp = repeat_kv(b, v, n_rep)
@@ -84,7 +101,37 @@ def attention_core(
         scores = b.mul(b.tanh(b.div(scores, float(softcap))), float(softcap))
     if mask is not None:
         scores = b.add(scores, mask)
+    if live_keys is not None:
+        scores = b.select(live_keys, scores, NEG_INF)
     return b.matmul(softmax(b, scores), v_exp)
+
+
+def attention_live(
+    b: Builder,
+    q: Var,
+    k: Var,
+    v: Var,
+    length: Var,
+    *,
+    mask: Var | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    guard: str = "len",
+) -> Var:
+    """Attention over the live prefix of each batch row: row b sees keys ``t < length[b]``.
+
+    The one definition of the live form (shared/seeds "Live length"). ``length`` is I32 [B]
+    and must satisfy ``1 <= length[b] <= Lk``: an IndexGuard clamps it, with its witness
+    declared as validation output ``guard``, so an out-of-range length fails the step
+    (GuardFailed) and publishes nothing. The inactive key and value rows are then selected
+    to zero before either matmul (a true select: a NaN in an unused row cannot reach the
+    output) and the inactive scores to -inf before the softmax. Everything else (scale,
+    softcap, additive ``mask``, GQA, 16-bit K/V) is :func:`attention_core`'s.
+    """
+    if length.dtype is not I32 or length.shape != (q.shape[0],):
+        raise ShapeError(f"live length must be i32[{q.shape[0]}], got {length.aval()}")
+    length = b.index_guard(length, 1, k.shape[2], guard)
+    return _attend(b, q, k, v, mask, scale, softcap, length)
 
 
 def attention_prefill(
@@ -135,16 +182,25 @@ def trace_attention(
     scale: float | None = None,
     softcap: float | None = None,
     kv_dtype: DType = F32,
+    lengths: bool = False,
 ) -> Graph:
     """A graph of plain attention over bound q/k/v (and mask): what ``pootvk.attention`` runs.
-    ``kv_dtype`` F16/BF16 stores K/V 16-bit (the math stays F32)."""
+    ``kv_dtype`` F16/BF16 stores K/V 16-bit (the math stays F32). With ``lengths`` an I32
+    [B] input ``lengths`` bounds each row's keys (:func:`attention_live`; its guard and
+    validation output are named ``lengths``)."""
     _check_kv_dtype(kv_dtype)
     b = Builder()
     q = b.input("q", q_shape, F32)
     k = b.input("k", k_shape, kv_dtype)
     v = b.input("v", v_shape, kv_dtype)
     m = b.input("mask", mask_shape, F32) if mask_shape is not None else None
-    b.export("out", attention_core(b, q, k, v, m, scale, softcap))
+    if lengths:
+        n = b.input("lengths", (q_shape[0],), I32)
+        out = attention_live(b, q, k, v, n, mask=m, scale=scale, softcap=softcap,
+                             guard="lengths")
+    else:
+        out = attention_core(b, q, k, v, m, scale, softcap)
+    b.export("out", out)
     return b.build()
 
 
@@ -161,12 +217,16 @@ def trace_decode_step(
     alibi: bool = False,
     scale: float | None = None,
     kv_dtype: DType = F32,
+    live: bool = False,
 ) -> Graph:
     """The graph of one fixed-capacity step (decode, or a prefill chunk of ``q_rows``).
 
     Slots: q, k_new, v_new (inputs), k_cache, v_cache (state), pos (pos, declared in
     [0, capacity - q_rows]), and with ``alibi`` a per-head additive mask param. With
-    ``kv_dtype`` F16/BF16 the caches and the new k/v rows are stored 16-bit.
+    ``kv_dtype`` F16/BF16 the caches and the new k/v rows are stored 16-bit. ``live``
+    (decode only, ``q_rows == 1``) attends through :func:`attention_live` with
+    ``len = pos + 1`` for every row instead of a causal mask over the capacity: the pos
+    slot's declared range proves ``1 <= len <= capacity``, so the step visits the live keys.
     """
     _check_kv_dtype(kv_dtype)
     dv = head_dim if value_dim is None else value_dim
@@ -194,8 +254,20 @@ def trace_decode_step(
     vc = b.state("v_cache", (batch, kv_heads, capacity, dv), kv_dtype)
     pos = b.pos("pos", 0, capacity - q_rows)
     mask = b.param("alibi", (1, q_heads, q_rows, capacity)) if alibi else None
-    fn = attention_masked if q_rows == 1 else attention_prefill
-    out, kc2, vc2 = fn(b, q, k_new, v_new, kc, vc, pos, mask=mask, scale=scale, softcap=softcap)
+    if live:
+        if q_rows != 1:
+            raise ShapeError(f"the live form is a decode step (q_rows == 1), got {q_rows}")
+        kc2 = b.dynamic_update_slice(kc, k_new, (0, 0, pos, 0))
+        vc2 = b.dynamic_update_slice(vc, v_new, (0, 0, pos, 0))
+        # len = pos + 1 for every row, as one Add of pos and a [B] of ones (folded to a
+        # constant at compile time: one scalar-sized kernel per step)
+        ones = b.add(b.mul(b.iota((batch,), axis=0), 0), 1)
+        length = b.add(pos, ones)
+        out = attention_live(b, q, kc2, vc2, length, mask=mask, scale=scale, softcap=softcap)
+    else:
+        fn = attention_masked if q_rows == 1 else attention_prefill
+        out, kc2, vc2 = fn(b, q, k_new, v_new, kc, vc, pos, mask=mask, scale=scale,
+                           softcap=softcap)
     b.export("out", out)
     b.set_state("k_cache", kc2)
     b.set_state("v_cache", vc2)

@@ -156,6 +156,18 @@ class Builder:
             P.REDUCE, [x], op=_enum(ReduceOp, op), axis=axis % x.ndim, keepdim=keepdim
         )
 
+    def index_guard(self, x: Var, lo: int, hi: int, name: str) -> Var:
+        """``clamp(x, lo, hi)``, with the guard's witness declared as validation output
+        ``name``: a step in which any element of x is outside [lo, hi] raises GuardFailed
+        naming ``name`` and publishes nothing."""
+        if name in self.validations:
+            raise ShapeError(f"validation {name!r} declared twice")
+        e = new_eqn(P.INDEX_GUARD, [x], lo=int(lo), hi=int(hi))
+        self.eqns.append(e)
+        clamped, witness = e.outputs
+        self.validations[name] = witness
+        return clamped
+
     def dynamic_update_slice(self, operand: Var, update: Var, starts: Sequence[Operand]) -> Var:
         return self.emit(
             P.DYNAMIC_UPDATE_SLICE, [operand, update, *(self.lit(s, I32) for s in starts)]

@@ -133,8 +133,11 @@ def _reduce(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
 
 @rule(P.DYNAMIC_UPDATE_SLICE)
 def _dus(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
-    operand, update, *starts = xs
+    operand, update, *rest = xs
+    starts, gates = rest[: operand.ndim], rest[operand.ndim:]
     out = operand.copy()
+    if any(int(w[0]) for w in gates):  # a guard of this step failed: nothing is written
+        return out
     idx = []
     for s, o, u in zip(starts, operand.shape, update.shape, strict=True):
         s0 = int(np.clip(int(s), 0, o - u))  # clamped so the update fits, as in XLA
@@ -151,6 +154,13 @@ def _attention(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
     n_rep = form.n_rep
     if form.kv_dtype is not F32:  # the chain's Convert(k16 -> F32), as its rule computes it
         k, v = _convert([k], Params(dtype=F32)), _convert([v], Params(dtype=F32))
+    live_keys = None
+    if form.live:  # ops.attention_live's selects: K/V rows to zero, then scores to -inf
+        *rest, length = rest
+        lb = length.reshape(-1, 1, 1, 1)
+        rows = np.arange(k.shape[2]).reshape(1, 1, -1, 1) < lb
+        k, v = np.where(rows, k, k.dtype.type(0)), np.where(rows, v, v.dtype.type(0))
+        live_keys = np.arange(k.shape[2]).reshape(1, 1, 1, -1) < lb
 
     def rep(x: np.ndarray) -> np.ndarray:
         if n_rep == 1:
@@ -169,10 +179,23 @@ def _attention(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
         s = mul([_unary([div([s, cap], none)], Params(op=UnaryOp.TANH)), cap], none)
     if rest:
         s = eval_rules[P.ADD]([s, rest[0]], none)
+    if live_keys is not None:
+        s = np.where(live_keys, s, f32(-np.inf))
     m = _reduce([s], Params(op=ReduceOp.MAX, axis=3, keepdim=True))
     ex = _unary([eval_rules[P.SUB]([s, m], none)], Params(op=UnaryOp.EXP))
     den = _reduce([ex], Params(op=ReduceOp.SUM, axis=3, keepdim=True))
     return _matmul([div([ex, den], none), rep(v)], none)
+
+
+@rule(P.INDEX_GUARD)
+def _index_guard(xs: Sequence[np.ndarray], p: Params) -> tuple[np.ndarray, np.ndarray]:
+    """(clamp(x, lo, hi), [count outside, first offending value]): the kernel reports the
+    same count and one offending value (which one, when several, is its arrival order)."""
+    x, lo, hi = xs[0], p["lo"], p["hi"]
+    bad = (x < lo) | (x > hi)
+    first = int(x[bad].flat[0]) if bad.any() else 0
+    witness = np.array([int(bad.sum()), first], np.int32)
+    return np.clip(x, lo, hi).astype(np.int32), witness
 
 
 def _literal(v: Literal) -> np.ndarray:
@@ -181,7 +204,7 @@ def _literal(v: Literal) -> np.ndarray:
 
 def eval_eqn(e: Eqn, args: Sequence[np.ndarray]) -> list[np.ndarray]:
     out = eval_rules[e.prim](args, e.params)
-    outs = [out]
+    outs = list(out) if len(e.outputs) > 1 else [out]  # a multi-output rule returns a tuple
     return [np.asarray(o, dtype=v.dtype.numpy) for o, v in zip(outs, e.outputs, strict=True)]
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import AttentionLds, DtypeLowering, ScratchBytes, ShapeError
-from ..ir import F32, U32, DType
+from ..ir import F32, I32, U32, DType
 from .bindings import Access, Binding
 from .profile import DeviceProfile
 from .requests import fold_grid
@@ -95,7 +95,7 @@ class DecodeProblem(_GroupShape):
     softcap: float | None = None
     mask: tuple[int, int, int] | None = None  # the mask's (B, H, Lq) extents (1 = broadcast)
     kv_dtype: str = "f32"
-    live_len: bool = False  # read the live key count from a one-word buffer (<= lk)
+    live_len: bool = False  # read row b's live key count len[b] from an i32 [B] buffer
 
     def __post_init__(self) -> None:
         if self.kv_dtype not in KV_DTYPES:
@@ -216,7 +216,7 @@ class DecodeRequest(_GroupShape):
         if self.mask is not None:
             out.append(Binding("mask", r, F32))
         if self.live_len:
-            out.append(Binding("len", r, U32))
+            out.append(Binding("len", r, I32))
         if self.splits > 1 and self.fused_combine:
             # the last workgroup to arrive reads every split's partial back; the counters
             # start at zero and are reset to zero by that workgroup (one recording, any

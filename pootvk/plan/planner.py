@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from ..arena import ArenaLayout, colour, kernel_items
 from ..errors import BindingRange, DtypeLowering, UnsupportedPrimitive
 from ..ir import BF16, F16, Graph, SlotKind, UseInfo, Var
+from ..ir.prims import DYNAMIC_UPDATE_SLICE
 from .bindings import Binding, BufferRole, Scratch
 from .profile import DeviceProfile
 from .rules import KernelCall, KernelRequest, PlanContext, plan_rules
@@ -144,6 +145,24 @@ def _check_state_order(g: Graph, info: UseInfo) -> None:
             )
 
 
+def _check_gated(g: Graph, info: UseInfo) -> None:
+    """With validation witnesses, every state write must be gated on all of them
+    (``compile.gate_state_writes``): a failed guard must leave the state unchanged."""
+    witnesses = set(g.validations.values())
+    if not witnesses:
+        return
+    for name, v in g.states.items():
+        i = info.producer.get(v)
+        if i is None:
+            continue
+        e = g.eqns[i]
+        gates = set(e.inputs[2 + e.inputs[0].ndim:]) if e.prim is DYNAMIC_UPDATE_SLICE else set()
+        if not witnesses <= gates:
+            raise UnsupportedPrimitive(
+                str(e.prim), f"state {name!r} is written without the step's index-guard gates "
+                "(compile the graph: compile.gate_state_writes)")
+
+
 def plan_graph(g: Graph, profile: DeviceProfile) -> Plan:
     """Plan a compiled graph for ``profile``; every refusal is a typed error."""
     has16 = bool(profile.extra.get("storage_buffer_16bit"))
@@ -154,6 +173,7 @@ def plan_graph(g: Graph, profile: DeviceProfile) -> Plan:
         plan_rules[e.prim]  # a primitive with no rule: UnsupportedPrimitive before any work
     info = g.use_info()  # one walk: the state-order check and the liveness both read it
     _check_state_order(g, info)
+    _check_gated(g, info)
     locs, roles, bufs = _fixed_locations(g, profile)
     ctx = PlanContext(profile, lambda a, b: a in locs and locs.get(a) == locs.get(b))
 

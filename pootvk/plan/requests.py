@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from enum import Enum
 
 from ..errors import GridLimit
-from ..ir import F32, DType, Params, Prim, ReduceOp
+from ..ir import F32, I32, DType, Params, Prim, ReduceOp
 from ..ir.fused import FusedBody
-from ..ir.prims import DYNAMIC_UPDATE_SLICE
+from ..ir.prims import DYNAMIC_UPDATE_SLICE, INDEX_GUARD
 from .bindings import Access, Binding
 
 Aval = tuple[tuple[int, ...], DType]
@@ -43,6 +43,7 @@ class AttentionRequest:
     vec: int  # 4: q/k/v/out read as vec4 (dk and dv multiples of 4), else 1
     grid: tuple[int, int]
     keys_per_step: int = 2  # keys a lane takes per loop step (its loads all in flight)
+    live: bool = False  # read len[b] (i32 [B]): the loop visits keys t < clamp(len[b], 0, Lk)
 
     def push_constants(self) -> tuple[int, ...]:
         """Push-constant words: the key length Lk, so neither the generated source nor the
@@ -52,7 +53,8 @@ class AttentionRequest:
     def bindings(self) -> tuple[Binding, ...]:
         r = Access.READ
         names = ("q", "k", "v", "mask") if self.mask is not None else ("q", "k", "v")
-        return (*(Binding(n, r, F32) for n in names), Binding("o", Access.WRITE, F32))
+        live = (Binding("len", r, I32),) if self.live else ()
+        return (*(Binding(n, r, F32) for n in names), *live, Binding("o", Access.WRITE, F32))
 
     @property
     def n_rep(self) -> int:
@@ -79,6 +81,7 @@ class AttentionRequest:
         return (
             f"attention B={self.b} Hq={self.hq} Hkv={self.hkv} Lq={self.lq} Lk={self.lk} "
             f"Dk={self.dk} Dv={self.dv} scale={self.scale:.6g}{cap} mask={m} "
+            f"{'live ' if self.live else ''}"
             f"lanes={self.lanes} vec={self.vec} keys/step={self.keys_per_step} "
             f"grid={self.grid[0]}x{self.grid[1]}"
         )
@@ -114,7 +117,10 @@ class PrimRequest:
             Binding(f"x{j}", Access.READ, self.inputs[j][1])  # type: ignore[index]
             for j in self.bound_inputs
         )
-        return (*ins, Binding("y", Access.WRITE, self.output[1]))
+        out = (Binding("y", Access.WRITE, self.output[1]),)
+        if self.prim is INDEX_GUARD:  # its witness: counted with atomics, cleared per step
+            out += (Binding("w", Access.READ_WRITE, I32),)
+        return (*ins, *out)
 
     def describe(self) -> str:
         ps = " ".join(

@@ -101,13 +101,14 @@ def _bound(req: PrimRequest, inputs: tuple[Var, ...]) -> tuple[Var, ...]:
 
 @plan_rules.register(
     *P.BINARY, P.UNARY, P.COMPARE, P.SELECT, P.CONVERT, P.IOTA, P.RESHAPE, P.BROADCAST,
-    P.TRANSPOSE, P.SLICE, P.CONCAT, P.MATMUL, P.REDUCE, P.COPY,
+    P.TRANSPOSE, P.SLICE, P.CONCAT, P.MATMUL, P.REDUCE, P.COPY, P.INDEX_GUARD,
 )
 def _elementwise(e: Eqn, ctx: PlanContext) -> RuleResult:
-    """One invocation per output element."""
+    """One invocation per (first) output element; IndexGuard also binds its witness."""
     _check_16bit(e)
-    req = prim_request(e.prim, e.inputs, e.out, e.params, e.out.size, ctx.profile)
-    return RuleResult([KernelCall(req, (*_bound(req, e.inputs), e.out), str(e.prim))])
+    out = e.outputs[0]
+    req = prim_request(e.prim, e.inputs, out, e.params, out.size, ctx.profile)
+    return RuleResult([KernelCall(req, (*_bound(req, e.inputs), *e.outputs), str(e.prim))])
 
 
 @plan_rules.register(P.DYNAMIC_UPDATE_SLICE)

@@ -7,7 +7,11 @@ each dispatch reads and writes (from the request's bindings), and binds values t
 ``Replay.step`` checks every bound value against its slot before anything is written
 (typed errors name the slot; nothing is written or published on a refusal), writes the
 step's inputs into their mapped buffers, submits the one recording, waits on its fence and
-only then reads the outputs. Per-step values (the position, new k/v) live in bound
+only then reads the outputs. Validation witnesses (index guards' I32 [2]: offending count,
+one offending value) are zeroed before every submit and read first after it: a nonzero
+count raises GuardFailed and nothing is returned (the graph's state writes were gated on
+the same witnesses, ``compile.ranges.gate_state_writes``, so the state is unchanged).
+Per-step values (the position, new k/v) live in bound
 buffers, so the recording made at construction is valid for every step: ``recordings``
 stays 1.
 """
@@ -25,6 +29,7 @@ from ..errors import BindError, Closed, GuardFailed
 from ..ir import DType, SlotKind
 from ..ir.bind import check_bind
 from ..ir.dtypes import device_bytes, device_numpy, from_device
+from ..ir.prims import INDEX_GUARD
 from ..plan import BufferRole, Location, Plan
 from ..vk import Buffer, BufferRange, Device, Dispatch, Recorder, Recording
 
@@ -117,6 +122,7 @@ class Replay:
         self._params = {s.name for s in plan.graph.slots if s.kind is SlotKind.PARAM}
         self._fast_in = self._fast_inputs()
         self._outs = self._output_reads()
+        self._guards = self._guard_ranges()
 
     def _fast_inputs(self) -> list[tuple] | None:
         """Per-step slots as typed views of mapped memory, built once: a step whose values
@@ -145,6 +151,26 @@ class Replay:
                 view = self.buffers[loc.buffer].view(loc.offset, v.shape, device_numpy(v.dtype))
                 reads.append((name, v, loc, view, witness))
         return reads
+
+    def _guard_ranges(self) -> dict[str, tuple[int, int] | None]:
+        """Each witness's guard range [lo, hi], for GuardFailed's message."""
+        g = self.plan.graph
+        prod = {o: e for e in g.eqns for o in e.outputs}
+        out: dict[str, tuple[int, int] | None] = {}
+        for name, v in g.validations.items():
+            e = prod.get(v)
+            guard = e is not None and e.prim is INDEX_GUARD
+            out[name] = (e.params["lo"], e.params["hi"]) if guard else None  # type: ignore[union-attr]
+        return out
+
+    def _clear_witnesses(self) -> None:
+        for _name, v, loc, view, witness in self._outs:
+            if not witness:
+                continue
+            if view is not None:
+                view[...] = 0
+            else:
+                self.buffers[loc.buffer].write(loc.offset, np.zeros(v.shape, np.int32))
 
     def _fast_bind(self, values: Mapping[str, object]) -> list[tuple] | None:
         """The (view, array) writes of a step that needs no conversion, all checked before
@@ -239,6 +265,7 @@ class Replay:
                     self._write_slot(name, arr)
             rec = self._res.recording
             assert rec is not None
+            self._clear_witnesses()
             rec.submit(wait=True)
             out = {}
             for name, v, loc, view, witness in self._outs:
@@ -246,8 +273,10 @@ class Replay:
                        else self._read(loc, v.shape, v.dtype))
                 if not witness:
                     out[name] = val
-                elif np.any(val):
-                    raise GuardFailed(name, val.tolist())
+                elif val.reshape(-1)[0]:
+                    w = val.reshape(-1)  # [count, value] (an IndexGuard's), else [flag]
+                    lo, hi = self._guards[name] or (None, None)
+                    raise GuardFailed(name, int(w[-1]), int(w[0]), lo, hi)
             return out
 
     def gpu_time_ns(self) -> float | None:

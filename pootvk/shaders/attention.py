@@ -20,7 +20,11 @@ first call at D=128 took 40 s on lavapipe from Mesa 25.0.7 (3.5 s on Mesa 22.3);
 The key count Lk is a push constant, so one SPIR-V module and one driver pipeline serve
 every length.
 
-Bindings: the request's ``bindings()`` (q, k, v, [mask], o); with ``vec == 4`` q/k/v/o are
+With ``live`` the request binds ``len`` (I32 [B]): row b's loop visits keys
+``t < clamp(len[b], 0, Lk)`` only (``live_bound``); Lk stays the K/V row stride, and the
+grid and recording do not depend on the length.
+
+Bindings: the request's ``bindings()`` (q, k, v, [mask], [len], o); with ``vec == 4`` q/k/v/o are
 read as vec4. The kernel is composed of named parts that later schedules reuse: bindings,
 indexing (which rows a workgroup owns), the score transform (scale, softcap, mask), the
 online update (running max, denominator, accumulator), the fold across lanes, and the
@@ -55,7 +59,7 @@ def indexing_part(r: AttentionRequest) -> str:
     uint g = h / {r.n_rep}u;
     uint lane = gl_LocalInvocationID.x;
     uint qb = ((b * {r.hq}u + h) * {r.lq}u + row) * DK;
-    uint kbase = (b * {r.hkv}u + g) * LK;
+    uint kbase = (b * {r.hkv}u + g) * LK_CAP;
 """
 
 
@@ -69,10 +73,18 @@ def score_transform(r: AttentionRequest, s: str, t: str, indent: str = "        
         mb, mh, mq = r.mask
         mrow = (
             f"(({'b' if mb > 1 else '0u'} * {mh}u + {'h' if mh > 1 else '0u'}) * {mq}u"
-            f" + {'row' if mq > 1 else '0u'}) * LK"
+            f" + {'row' if mq > 1 else '0u'}) * LK_CAP"
         )
         lines.append(f"{s} += mask[{mrow} + {t}];")
     return [indent + x for x in lines]
+
+
+def live_bound(r: AttentionRequest) -> str:
+    """``LK``, the keys this row visits: all of them, or with a live length ``len[b]``
+    clamped into 0..=Lk (no length reads outside the buffers; the grid never changes)."""
+    if r.live:
+        return "    uint LK = uint(clamp(len[b], 0, int(LK_CAP)));\n"
+    return "    uint LK = LK_CAP;\n"
 
 
 def online_update(r: AttentionRequest) -> str:
@@ -181,9 +193,10 @@ shared float s_l[LANES];
 
 void main() {{
     const float NEG_INF = {NEG_INF};  // a bit pattern: not a constant expression globally
-    uint LK = pc.lk;
+    uint LK_CAP = pc.lk;  // the K/V row stride
 """
         + indexing_part(r)
+        + live_bound(r)
         + online_update(r)
         + fold_part(r)
         + epilogue(r)

@@ -21,7 +21,9 @@ the oracle: a NaN score makes p, hence l and o, NaN (GLSL's max may drop it from
 fold treats a NaN l as NaN even where m is -inf); a value row is multiplied by its weight,
 so a non-finite value row poisons the row as the oracle's matmul does, while the clamped
 reads of keys past the chunk are zeroed and never contribute. The key count Lk is a push
-constant.
+constant. With ``live_len`` row b's keys end at ``clamp(len[b], 0, Lk)`` (an I32 [B]
+buffer): the split chunks are cut from that live length, so a split past it has an empty
+chunk and writes the neutral partial; the grid does not change.
 
 Combine kernel: one invocation per output element, ``out = sum_i o_i exp(m_i - M) /
 sum_i l_i exp(m_i - M)``.
@@ -137,7 +139,7 @@ def generate_decode_partial(r: DecodeRequest) -> str:
         binds.append(_buffer(nb, "mask", "float", readonly=True))
         nb += 1
     if r.live_len:
-        binds.append(_buffer(nb, "lens", "uint", readonly=True))
+        binds.append(_buffer(nb, "lens", "int", readonly=True))
         nb += 1
     fused = split and r.fused_combine
     if fused:
@@ -189,7 +191,9 @@ def generate_decode_partial(r: DecodeRequest) -> str:
     emit(f"uint li = lane % {LPK}u;  // lane within its key group")
     emit(f"uint gi = lane / {LPK}u;  // key group")
     if r.live_len:
-        emit("uint LK = min(lens[0], LK_CAP);")
+        # row b's live length, clamped so no length reads outside the buffers; the grid
+        # does not depend on it: a split past it gets an empty chunk (the neutral partial)
+        emit("uint LK = uint(clamp(lens[b], 0, int(LK_CAP)));")
     else:
         emit("uint LK = LK_CAP;")
     if split:

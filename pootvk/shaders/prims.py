@@ -259,11 +259,24 @@ def _reduce(req: PrimRequest, n: list[str]) -> str:
     )
 
 
+@rule(P.INDEX_GUARD)
+def _index_guard(req: PrimRequest, n: list[str]) -> str:
+    """Clamp into [lo, hi]; an offending element counts itself into w[0] and the first to
+    arrive writes its value to w[1] (the replay zeroes w before every submit)."""
+    lo, hi = req.params["lo"], req.params["hi"]
+    return (f"    int x = {_operand(req, n, 0, 'gid')};\n"
+            f"    y[gid] = clamp(x, {lo}, {hi});\n"
+            f"    if ((x < {lo} || x > {hi}) && atomicAdd(w[0], 1) == 0) w[1] = x;")
+
+
 @rule(P.DYNAMIC_UPDATE_SLICE)
 def _dus(req: PrimRequest, n: list[str]) -> str:
+    """The update written at the clamped starts; gate operands (witnesses of the step's
+    index guards, after the starts) skip the write when any guard failed."""
     (oshape, _), (ushape, _) = req.inputs[0], req.inputs[1]
     ost = strides(oshape)
-    lines = []
+    lines = [f"    if ({n[j]}[0] != 0) return;  // a guard failed: the state is not written"
+             for j in range(2 + len(oshape), len(req.inputs))]
     for d in range(len(oshape)):
         s = _operand(req, n, 2 + d, "0")
         lines.append(

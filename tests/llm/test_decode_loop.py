@@ -65,3 +65,30 @@ def test_value_width_and_timestamps(device):
                         rng.standard_normal((1, 4, 1, 24), dtype=np.float32))
         assert out.shape == (1, 4, 1, 24)
         assert loop.gpu_time_ns() > 0
+
+
+def test_seek_continues_over_given_caches(device):
+    """seek(position, caches): the next step writes there and attends over the position + 1
+    keys of the given caches (the live form reads nothing past them); bad positions refused."""
+    from pootvk.errors import InvalidArgument
+
+    b, hq, hkv, d, cap = 1, 4, 2, 16, 64
+    rng = np.random.default_rng(3)
+    kc = rng.standard_normal((b, hkv, cap, d), dtype=np.float32)
+    vc = rng.standard_normal((b, hkv, cap, d), dtype=np.float32)
+    with DecodeLoop(b, hq, hkv, d, cap, device=device) as loop:
+        loop.seek(40, kc, vc)
+        q = rng.standard_normal((b, hq, 1, d), dtype=np.float32)
+        kn = rng.standard_normal((b, hkv, 1, d), dtype=np.float32)
+        vn = rng.standard_normal((b, hkv, 1, d), dtype=np.float32)
+        out = loop.step(q, kn, vn)
+        ref = reference_decode_step({"q": q, "k_new": kn, "v_new": vn, "k_cache": kc,
+                                     "v_cache": vc, "pos": np.int32(40)})
+        assert_close(out, ref["out"])
+        assert loop.position == 41
+        np.testing.assert_array_equal(loop.k_cache, ref["k_cache"])
+        with pytest.raises(InvalidArgument):
+            loop.seek(-1)
+        with pytest.raises(CapacityExceeded):
+            loop.seek(cap + 1)
+        assert loop.position == 41

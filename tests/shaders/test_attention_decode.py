@@ -60,8 +60,9 @@ def reference(q, k64, v64, mask, scale, softcap, live=None):
         s = softcap * np.tanh(s / softcap)
     if mask is not None:
         s = s + mask.astype(np.float64)
-    if live is not None:
-        s[..., live:] = -np.inf
+    if live is not None:  # one length per batch row (an int: the same for every row)
+        for b, n in enumerate(np.broadcast_to(live, (s.shape[0],))):
+            s[b, ..., min(max(int(n), 0), s.shape[-1]):] = -np.inf
     with np.errstate(invalid="ignore"):
         m = s.max(-1, keepdims=True)
         e = np.exp(s - m)
@@ -91,7 +92,8 @@ def run_decode(device, req, q, k_store, v_store, mask=None, live=None, replays=2
         if mask is not None:
             ranges["mask"] = buf(mask.nbytes, "mask", mask)
         if req.live_len:
-            ranges["len"] = buf(4, "len", np.array([live], np.uint32))
+            lens = np.broadcast_to(np.asarray(live, np.int32), (req.b,)).copy()
+            ranges["len"] = buf(lens.nbytes, "len", lens)
         if req.splits > 1:
             part = buf(req.partial_floats * 4, "partial")
             part.buffer.write(0, np.full(req.partial_floats, 777.0, np.float32))
@@ -256,8 +258,19 @@ def test_fp16_conversion_variant(device):
 
 @pytest.mark.parametrize("splits", [1, 7])
 def test_live_length_from_a_buffer(device, splits):
-    """Lk from a one-word buffer: keys at or past it add nothing (one recording, any length)."""
-    case(device, hq=8, hkv=2, lk=1000, dk=64, dv=64, splits=splits, live=517, mask="alibi")
+    """len[b] from an i32 [B] buffer: keys at or past it add nothing, a split wholly past it
+    writes the neutral partial (one recording, any length)."""
+    case(device, b=3, hq=8, hkv=2, lk=1000, dk=64, dv=64, splits=splits,
+         live=np.array([517, 1, 1000]), mask="alibi")
+
+
+@pytest.mark.parametrize("splits", [1, 7])
+def test_live_length_is_clamped_into_0_to_lk(device, splits):
+    """A length below 0 or past Lk reads nothing outside the buffers: clamped to 0 (no key:
+    0/0 = NaN, as the reference) or to Lk (every key)."""
+    _, got = case(device, b=4, hq=4, hkv=2, lk=300, dk=32, dv=32, splits=splits,
+                  live=np.array([-3, 0, 305, 2**31 - 1]))
+    assert np.isnan(got[:2]).all() and np.isfinite(got[2:]).all()
 
 
 def test_row_blocks(device):

@@ -4,7 +4,7 @@ import re
 import shutil
 import subprocess
 
-from pootvk.compile import canonicalize, compile_graph
+from pootvk.compile import canonicalize, compile_graph, gate_state_writes
 from pootvk.ir import BF16, F16, F32, PRIMS, shape_rules
 from pootvk.ops import Builder, trace_attention, trace_decode_step
 from pootvk.oracle import eval_rules
@@ -26,6 +26,8 @@ def graphs():
     yield trace_decode_step(1, 4, 4, 6, 10, q_rows=3)  # scalar (vec 1) path
     yield trace_attention((1, 12, 7, 40), (1, 1, 113, 40), (1, 1, 113, 72), (1, 12, 7, 113))
     yield trace_attention((3, 4, 1, 128), (3, 4, 1000, 128), (3, 4, 1000, 64))
+    yield trace_decode_step(2, 8, 2, 64, 300, live=True, alibi=True)  # live + additive mask
+    yield trace_attention((2, 4, 1, 40), (2, 1, 113, 40), (2, 1, 113, 40), lengths=True)
     yield FUSED_CHAINS
 
 
@@ -48,7 +50,8 @@ def all_sources():
         for prof in recorded_profiles().values():
             if g is FUSED_CHAINS and not prof.extra.get("storage_buffer_16bit"):
                 continue  # 16-bit storage: refused there (DtypeLowering), tested elsewhere
-            for compiled in (compile_graph(g), canonicalize(g)):  # fused and primitive forms
+            # fused and primitive forms (state writes gated on the guards, as compiled)
+            for compiled in (compile_graph(g), gate_state_writes(canonicalize(g))):
                 for k in plan_graph(compiled, prof).kernels:
                     yield generate(k.request)
     yield generate_read(1 << 20, 1 << 14)

@@ -176,7 +176,8 @@ def test_replay_releases_every_handle_it_made(device):
 
 
 def test_a_failed_guard_publishes_nothing(device):
-    """Replay checks validation witnesses after the step and refuses to publish."""
+    """Replay checks validation witnesses after the step and refuses to publish; a witness
+    is cleared before every step (a failed step does not fail the next one)."""
     from pootvk.errors import GuardFailed
 
     b = Builder()
@@ -184,11 +185,25 @@ def test_a_failed_guard_publishes_nothing(device):
     pos = b.pos("pos", 0, 9)
     b.export("y", b.mul(x, 2.0))
     b.validations["pos_le_5"] = b.convert(b.compare("Gt", pos, 5), I32)
+    idx = b.input("idx", (3,), I32)
+    b.export("z", b.convert(b.index_guard(idx, 0, 7, "idx_in_range"), F32))
     g = b.build()
     plan = plan_graph(g, device.profile)
+    good = {"x": np.arange(4, dtype=np.float32), "pos": np.int32(5),
+            "idx": np.array([0, 7, 3], np.int32)}
     with Replay(device, plan, compile_plan(plan)) as rp:
-        ok = rp.step({"x": np.arange(4, dtype=np.float32), "pos": np.int32(5)})
+        ok = rp.step(good)
         np.testing.assert_array_equal(ok["y"], [0, 2, 4, 6])
+        np.testing.assert_array_equal(ok["z"], [0, 7, 3])
         with pytest.raises(GuardFailed) as e:
-            rp.step({"x": np.ones(4, np.float32), "pos": np.int32(6)})
-        assert e.value.guard == "pos_le_5" and e.value.witness == 1
+            rp.step({**good, "pos": np.int32(6)})
+        assert e.value.guard == "pos_le_5" and e.value.count == 1
+        with pytest.raises(GuardFailed, match=r"idx_in_range.*1 value\(s\) outside \[0, 7\], "
+                           r"e.g. -4") as e:
+            rp.step({**good, "idx": np.array([2, -4, 5], np.int32)})
+        assert (e.value.value, e.value.count, e.value.lo, e.value.hi) == (-4, 1, 0, 7)
+        with pytest.raises(GuardFailed) as e:
+            rp.step({**good, "idx": np.array([8, -1, 9], np.int32)})
+        assert e.value.count == 3 and e.value.value in (8, -1, 9)
+        again = rp.step(good)  # the witnesses were cleared: the next good step passes
+        np.testing.assert_array_equal(again["z"], [0, 7, 3])
