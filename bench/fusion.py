@@ -24,10 +24,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pootvk.compile import canonicalize, compile_graph  # noqa: E402
 from pootvk.ir import F16, F32, DType, Graph, SlotKind  # noqa: E402
 from pootvk.ops import Builder  # noqa: E402
 from pootvk.oracle import evaluate  # noqa: E402
+from pootvk.passes import canonicalize, compile_graph  # noqa: E402
 from pootvk.plan import plan_graph  # noqa: E402
 from pootvk.runtime.replay import Replay  # noqa: E402
 from pootvk.shaders.generate import compile_plan  # noqa: E402

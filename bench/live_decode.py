@@ -53,13 +53,18 @@ def time_step(loop: DecodeLoop, length: int, args, warm_s: float, reps: int):
         out = loop.step(q, kn, vn)
         if time.perf_counter() >= end:
             break
-    gpu, wall = [], []
+    gpu, wall, per = [], [], []
     for _ in range(reps):
         loop.seek(length - 1)
         t0 = time.perf_counter()
         loop.step(q, kn, vn)
         wall.append((time.perf_counter() - t0) * 1e6)
         gpu.append((loop.gpu_time_ns() or float("nan")) / 1e3)
+        per.append(loop.dispatch_times_ns() or [])
+    labels = [lab for lab, _ in per[0]] if per and per[0] else []
+    med = [statistics.median(p[i][1] for p in per) / 1e3 for i in range(len(labels))]
+    print(f"  {length} keys, GPU us per dispatch: "
+          + " + ".join(f"{lab} {t:.1f}" for lab, t in zip(labels, med, strict=True)))
     return statistics.median(gpu), statistics.median(wall), out
 
 

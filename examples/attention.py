@@ -6,9 +6,9 @@
 import numpy as np
 
 import pootvk
-from pootvk.compile import compile_graph
 from pootvk.ops import trace_attention
 from pootvk.oracle import evaluate
+from pootvk.passes import compile_graph
 from pootvk.plan import plan_graph
 from pootvk.runtime import resolve_device
 

@@ -32,13 +32,18 @@ def _as_f32(name: str, x: object) -> np.ndarray:
     return storage_values(_as_float(name, x), F32)
 
 
-def _kv_dtype(k: np.ndarray, v: np.ndarray) -> DType:
-    """K/V storage: float16 and bfloat16 stay 16-bit on the device; other floats are F32."""
+def _kv_dtype(k: np.ndarray, v: np.ndarray, k_shared: np.ndarray | None = None) -> DType:
+    """K/V storage: float16 and bfloat16 stay 16-bit on the device; other floats are F32.
+    k, v (and a split key's k_shared) share one storage dtype."""
     kinds = {np.dtype(np.float16): F16, "bfloat16": BF16}
-    dk = kinds.get(k.dtype, kinds.get(k.dtype.name, F32))
-    dv = kinds.get(v.dtype, kinds.get(v.dtype.name, F32))
-    if dk is not dv:
-        raise BindError("v", f"the dtype of k ({k.dtype.name})", v.dtype.name, "dtype")
+
+    def kind(a: np.ndarray) -> DType:
+        return kinds.get(a.dtype, kinds.get(a.dtype.name, F32))
+
+    dk = kind(k)
+    for name, other in (("v", v), ("k_shared", k_shared)):
+        if other is not None and kind(other) is not dk:
+            raise BindError(name, f"the dtype of k ({k.dtype.name})", other.dtype.name, "dtype")
     return dk
 
 
@@ -72,6 +77,7 @@ def attention(
     softcap: float | None = None,
     device: Device | int | str | None = None,
     lengths: np.ndarray | None = None,
+    k_shared: np.ndarray | None = None,
 ) -> np.ndarray:
     """softmax(softcap(q k^T * scale) + mask) v on a Vulkan device, through the whole pipeline.
 
@@ -82,28 +88,38 @@ def attention(
     k and v given as float16 or ``ml_dtypes.bfloat16`` stay 16-bit on the device (half the
     bytes read); a device without 16-bit storage refuses them with ``DtypeLowering``. q may be
     any float dtype (it is small: it is converted to F32).
+
+    ``k_shared`` [B,1,Lk,s] splits the key (multi-head latent attention): head g's key is
+    concat(k[:, g], k_shared[:, 0]) on the last axis, so q has width Dk, k width Dk - s, and
+    the kernel reads k_shared once per key for every head (the broadcast key is never
+    built). It is stored like k (same dtype); scale defaults to 1/sqrt(Dk).
     """
     scale, softcap = _real("scale", scale), _real("softcap", softcap)
     dev = resolve_device(device)  # a bad device= is refused before any work
     q, k, v = _as_f32("q", q), _as_float("k", k), _as_float("v", v)
-    kv = _kv_dtype(k, v)
+    ks = None if k_shared is None else _as_float("k_shared", k_shared)
+    kv = _kv_dtype(k, v, ks)
     if kv is F32:
         k, v = storage_values(k, F32), storage_values(v, F32)
+        ks = None if ks is None else storage_values(ks, F32)
     values = {"q": q, "k": k, "v": v}
     if mask is not None:
         values["mask"] = _as_f32("mask", mask)
+    if ks is not None:
+        values["k_shared"] = ks
+    ks_shape = None if ks is None else ks.shape
     check_attention(
         q.shape, k.shape, v.shape, None if mask is None else values["mask"].shape,
-        softcap=softcap,
+        softcap=softcap, k_shared=ks_shape,
     )
     if lengths is not None:
         values["lengths"] = _lengths(lengths, q.shape[0])
     shapes = (q.shape, k.shape, v.shape, None if mask is None else values["mask"].shape)
     live = lengths is not None
     with held_replay(  # held: another thread's eviction cannot free it mid-step
-        ("attention", *shapes, scale, softcap, kv, live, current_forced()),
+        ("attention", *shapes, ks_shape, scale, softcap, kv, live, current_forced()),
         lambda: trace_attention(*shapes, scale=scale, softcap=softcap, kv_dtype=kv,
-                                lengths=live),
+                                lengths=live, k_shared_shape=ks_shape),
         dev,
     ) as rp:
         return rp.step(values)["out"]

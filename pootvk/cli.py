@@ -136,6 +136,11 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _split_note(req: object) -> str:
+    s = getattr(req, "dk_shared", 0)
+    return f", split key (k_shared {s} wide, read once for every head)" if s else ""
+
+
 def kernel_summary(req: object) -> str:
     """One line for a planned kernel: its schedule, launch shape and split count."""
     from .plan import (
@@ -152,13 +157,13 @@ def kernel_summary(req: object) -> str:
         return (f"grouped split-KV: {req.workgroups} workgroups x {req.local_size} lanes "
                 f"({req.lanes_per_key} lanes/key, {req.rows_per_wg} rows each, "
                 f"{'subgroup' if req.subgroup else 'shared-memory'} reduction), "
-                f"splits={req.splits}{extra}, K/V {req.kv_dtype}")
+                f"splits={req.splits}{extra}, K/V {req.kv_dtype}{_split_note(req)}")
     if isinstance(req, DecodeCombineRequest):
         p = req.partial
         return f"split combine: {p.combine_threads} invocations, splits={p.splits}"
     if isinstance(req, AttentionRequest):
         return (f"streaming: {req.workgroups} workgroups x {req.lanes} lanes, splits=1, "
-                f"{req.keys_per_step} keys/step")
+                f"{req.keys_per_step} keys/step{_split_note(req)}")
     if isinstance(req, PrimRequest):
         return f"{req.prim}: {req.threads} invocations"
     if isinstance(req, FusedRequest):
@@ -171,9 +176,9 @@ def kernel_summary(req: object) -> str:
 
 def _plan(args: argparse.Namespace) -> int:
     """The plan a user would get for one attention shape: no device needed."""
-    from .compile import compile_graph
     from .ir import BF16, F16, F32
     from .ops import trace_attention
+    from .passes import compile_graph
     from .plan import BufferRole, plan_graph, recorded_profile, recorded_profiles
 
     if args.profile not in recorded_profiles():
@@ -182,20 +187,28 @@ def _plan(args: argparse.Namespace) -> int:
         return 2
     prof = recorded_profile(args.profile)
     b, hq, hkv, lk, d = args.shape
+    s, dv = args.k_shared, args.dv or args.shape[4]
     kv = {"float32": F32, "float16": F16, "bfloat16": BF16}[args.kv_dtype]
-    g = trace_attention((b, hq, args.lq, d), (b, hkv, lk, d), (b, hkv, lk, d), kv_dtype=kv)
+    if s is not None and not 1 <= s < d:
+        print(f"pootvk plan: error: --k-shared {s} must be in [1, D={d})", file=sys.stderr)
+        return 2
+    g = trace_attention((b, hq, args.lq, d), (b, hkv, lk, d - (s or 0)), (b, hkv, lk, dv),
+                        kv_dtype=kv, k_shared_shape=None if s is None else (b, 1, lk, s))
     plan = plan_graph(compile_graph(g), prof)
+    split = "" if s is None else f" (k {d - s} + k_shared {s})"
     print(f"plan for {prof.name} (recorded profile {args.profile}, "
           f"{prof.compute_units or '?'} compute units): attention B={b} Hq={hq} Hkv={hkv} "
-          f"Lq={args.lq} Lk={lk} D={d} K/V {args.kv_dtype}")
+          f"Lq={args.lq} Lk={lk} D={d}{split} Dv={dv} K/V {args.kv_dtype}")
     for i, k in enumerate(plan.kernels):
         print(f"  k{i} {k.label}: {kernel_summary(k.request)}")
     scratch = [p.item for p in plan.arena.placements.values() if p.item.scratch]
     persistent = [b for b in plan.buffers.values() if b.role is BufferRole.SCRATCH]
     print(f"  scratch: {sum(i.nbytes for i in scratch)} B in the arena (split partials), "
           f"{sum(b.nbytes for b in persistent)} B persistent (combine counters)")
+    kv_read = sum(plan.buffers[n].nbytes for n in ("in:k", "in:k_shared", "in:v")
+                  if n in plan.buffers)
     print(f"  arena: {len(plan.arena.sizes)} buffer(s), peak {plan.arena.peak_bytes} B; "
-          f"K/V read: {plan.buffers['in:k'].nbytes + plan.buffers['in:v'].nbytes} B")
+          f"K/V read: {kv_read} B")
     if args.verbose:
         print(plan)
     return 0
@@ -238,6 +251,10 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("--kv-dtype", choices=("float32", "float16", "bfloat16"),
                       default="float32")
     plan.add_argument("--lq", type=positive_int, default=1, help="query rows")
+    plan.add_argument("--dv", type=positive_int, default=None, help="value width (default D)")
+    plan.add_argument("--k-shared", type=positive_int, default=None, metavar="S",
+                      help="split key (latent attention): k has width D - S, and k_shared "
+                      "[B,1,Lk,S] is read once for every head")
     plan.add_argument("--verbose", action="store_true", help="also print the whole plan")
     args = ap.parse_args(argv)
     try:

@@ -37,3 +37,41 @@ def test_decode_loop_example(capsys, device, monkeypatch):
     keys = np.concatenate([d[1] for d in draws], axis=2)
     values = np.concatenate([d[2] for d in draws], axis=2)
     assert_close(ns["out"], reference_attention(ns["q"], keys, values))
+
+
+def test_graph_api_example(capsys, device):
+    from pootvk.llm import OracleLlama
+
+    ns = runpy.run_path(str(ROOT / "examples" / "graph_api.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "colouring saves" in out and out.count("normalised squared error") == 5
+    assert_close(ns["y"], ns["ref"]["y"])  # the last step, against the oracle
+    oracle = OracleLlama(ns["cfg"], seed=0)
+    assert ns["tokens"] == [t for t, _ in oracle.generate([1], 16)]
+
+
+def test_readme_graph_api_block_runs(capsys, device):
+    """The README's Builder/compile block, run as written: its last output is checked
+    against the oracle with the caches the oracle carried over the same five steps."""
+    from pootvk.oracle import evaluate
+
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("### Your own graph"):]
+    block = section[section.index("```python") + len("```python"):]
+    block = block[: block.index("```")]
+    ns: dict = {}
+    exec(compile(block, "README.md", "exec"), ns)  # noqa: S102 (the README's own code)
+    assert "colouring saves" in capsys.readouterr().out
+    g = ns["b"].build()
+    rng = np.random.default_rng(0)
+    params = {n: rng.standard_normal(s).astype(np.float32) / 8 for n, s in
+              [("norm", (64,)), ("wq", (64, 64)), ("wk", (64, 32)), ("wv", (64, 32)),
+               ("wo", (64, 64))]}
+    np.testing.assert_array_equal(params["wo"], ns["params"]["wo"])  # same draws
+    params |= {"cos": ns["params"]["cos"], "sin": ns["params"]["sin"]}
+    caches = {n: np.zeros((1, 2, 32, 16), np.float32) for n in ("k_cache", "v_cache")}
+    for t in range(5):
+        x = rng.standard_normal((1, 64)).astype(np.float32)
+        ref = evaluate(g, {"x": x, "pos": np.int32(t), **params, **caches})
+        caches = {n: ref[n] for n in caches}
+    assert_close(ns["y"], ref["y"])

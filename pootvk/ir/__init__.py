@@ -2,9 +2,17 @@
 the Attention form, the one rule-table registrar, printing."""
 
 from . import fused, prims
-from .attention_form import AttentionForm, KeyLayout, MaskKind, check_attention, form_for
+from .attention_form import (
+    AttentionForm,
+    KeyLayout,
+    MaskKind,
+    attention_operands,
+    check_attention,
+    form_for,
+)
 from .dtypes import BF16, BOOL, F16, F32, I32, U32, DType, from_numpy
 from .graph import Eqn, Graph, Literal, Params, Slot, SlotKind, UseInfo, Var
+from .linear_form import LinearForm
 from .prims import (
     PRIMS,
     CompareOp,
@@ -20,7 +28,8 @@ from .rules import RuleTable
 
 __all__ = [
     "BF16", "BOOL", "F16", "F32", "I32", "U32", "DType", "from_numpy",
-    "AttentionForm", "KeyLayout", "MaskKind", "check_attention", "form_for",
+    "AttentionForm", "LinearForm", "KeyLayout", "MaskKind", "attention_operands",
+    "check_attention", "form_for",
     "Eqn", "Graph", "Literal", "Params", "Slot", "SlotKind", "UseInfo", "Var",
     "PRIMS", "CompareOp", "Prim", "ReduceOp", "UnaryOp", "fused", "prims",
     "check_graph", "new_eqn", "shape_rules", "type_eqn", "RuleTable",

@@ -16,11 +16,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import TypeVar
 
 from ..errors import ShapeError, UnsupportedPrimitive
 from .dtypes import BF16, F16, F32, I32, DType
 
 Shape = tuple[int, ...]
+T = TypeVar("T")
 
 
 class MaskKind(Enum):
@@ -40,7 +42,9 @@ class AttentionForm:
     broadcasts over (extent 1); it is None for other mask kinds. ``live``: the last operand
     is an I32 ``len [B]``; row b attends to keys ``t < len[b]`` only (the rewrite emits it
     when value ranges prove ``1 <= len <= Lk``; kernels clamp it into ``0..=Lk``). It is
-    orthogonal to the additive mask (ALiBi over a live cache)."""
+    orthogonal to the additive mask (ALiBi over a live cache). ``shared_width`` is the
+    split key's ``s``: the last ``s`` key channels come from the ``k_shared`` operand
+    [B, 1, Lk, s], one row per key read for every head (0 unless ``keys`` is SPLIT)."""
 
     scale: float
     softcap: float | None = None
@@ -50,6 +54,13 @@ class AttentionForm:
     keys: KeyLayout = KeyLayout.DENSE
     kv_dtype: DType = F32
     live: bool = False
+    shared_width: int = 0
+
+    def __post_init__(self) -> None:
+        split = self.keys is KeyLayout.SPLIT
+        if split != (self.shared_width > 0) or self.shared_width < 0:
+            raise ShapeError(f"keys={self.keys.value} with shared_width={self.shared_width}: "
+                             "a split key needs s >= 1, other layouts s = 0")
 
     def describe(self) -> str:
         parts = [f"scale={self.scale:.6g}"]
@@ -62,15 +73,35 @@ class AttentionForm:
         parts.append(f"mask={mask}")
         if self.live:
             parts.append("live")
-        if self.keys is not KeyLayout.DENSE:
+        if self.keys is KeyLayout.SPLIT:
+            parts.append(f"keys=split[{self.shared_width}]")
+        elif self.keys is not KeyLayout.DENSE:
             parts.append(f"keys={self.keys.value}")
         if self.kv_dtype is not F32:
             parts.append(f"kv={self.kv_dtype.value}")
         return " ".join(parts)
 
     @property
+    def roles(self) -> tuple[str, ...]:
+        """The fused eqn's operand roles in operand order: q, k, v, then the additive mask,
+        the live length ``len``, and a split key's ``k_shared``, each where the form has it.
+        Stages take operands by these names (``attention_operands``); kernels bind them by
+        the same names."""
+        return ("q", "k", "v", *(("mask",) if self.mask is MaskKind.ADDITIVE else ()),
+                *(("len",) if self.live else ()),
+                *(("k_shared",) if self.keys is KeyLayout.SPLIT else ()))
+
+    @property
     def n_operands(self) -> int:
-        return 3 + (self.mask is not MaskKind.NONE) + self.live
+        return len(self.roles)
+
+
+def attention_operands(form: AttentionForm, operands: Sequence[T]) -> dict[str, T]:
+    """The operands of a fused Attention eqn by role (``AttentionForm.roles``)."""
+    if len(operands) != form.n_operands:
+        raise ShapeError(f"Attention {form.describe()} takes {form.n_operands} operands "
+                         f"{form.roles}, got {len(operands)}")
+    return dict(zip(form.roles, operands, strict=True))
 
 
 def _rank4(name: str, s: Shape) -> None:
@@ -80,11 +111,13 @@ def _rank4(name: str, s: Shape) -> None:
 
 def check_attention(
     q: Shape, k: Shape, v: Shape, mask: Shape | None = None,
-    *, softcap: float | None = None, n_rep: int | None = None,
+    *, softcap: float | None = None, n_rep: int | None = None, k_shared: Shape | None = None,
 ) -> tuple[int, int, int, int]:
-    """Validate dense attention operand shapes; returns the output shape [B, Hq, Lq, Dv].
+    """Validate attention operand shapes; returns the output shape [B, Hq, Lq, Dv].
 
     ``n_rep`` None derives it (Hq must be a multiple of Hkv); given, it must match.
+    ``k_shared`` [B, 1, Lk, s] is a split key's part shared by every head: q then has width
+    Dk = (k's width) + s, and the key of head g is concat(k[:, g], k_shared[:, 0]).
     """
     _rank4("q", q)
     _rank4("k", k)
@@ -94,7 +127,15 @@ def check_attention(
         raise ShapeError(f"empty operand: q {tuple(q)}, k {tuple(k)}, v {tuple(v)}")
     if k[0] != b or v[0] != b:
         raise ShapeError(f"batch differs: q {tuple(q)}, k {tuple(k)}, v {tuple(v)}")
-    if k[3] != dk:
+    if k_shared is not None:
+        _rank4("k_shared", k_shared)
+        ks = tuple(k_shared)
+        if min(ks) == 0 or ks[:3] != (b, 1, k[2]):
+            raise ShapeError(f"k_shared {ks} is not [B={b}, 1, Lk={k[2]}, s >= 1]")
+        if k[3] + ks[3] != dk:
+            raise ShapeError(f"key width {k[3]} + shared key width {ks[3]} = "
+                             f"{k[3] + ks[3]} != query width {dk}")
+    elif k[3] != dk:
         raise ShapeError(f"key width {k[3]} != query width {dk}")
     if tuple(v[1:3]) != tuple(k[1:3]):
         raise ShapeError(f"v {tuple(v)} and k {tuple(k)} differ in heads or length")
@@ -120,10 +161,11 @@ def mask_bcast(mask: Shape) -> tuple[bool, bool, bool]:
 def form_for(
     q: Shape, k: Shape, v: Shape, mask: Shape | None = None, *,
     scale: float | None = None, softcap: float | None = None, kv_dtype: DType = F32,
+    k_shared: Shape | None = None,
 ) -> AttentionForm:
-    """The form of a dense attention over these shapes (validated); scale defaults to
-    1/sqrt(Dk)."""
-    check_attention(q, k, v, mask, softcap=softcap)
+    """The form of an attention over these shapes (validated); scale defaults to
+    1/sqrt(Dk) (Dk the query width, the whole key's width)."""
+    check_attention(q, k, v, mask, softcap=softcap, k_shared=k_shared)
     return AttentionForm(
         scale=float(q[3]) ** -0.5 if scale is None else float(scale),
         softcap=None if softcap is None else float(softcap),
@@ -131,6 +173,8 @@ def form_for(
         mask=MaskKind.NONE if mask is None else MaskKind.ADDITIVE,
         mask_bcast=None if mask is None else mask_bcast(mask),
         kv_dtype=kv_dtype,
+        keys=KeyLayout.DENSE if k_shared is None else KeyLayout.SPLIT,
+        shared_width=0 if k_shared is None else k_shared[3],
     )
 
 
@@ -138,27 +182,27 @@ def check_form_operands(
     form: AttentionForm, shapes: Sequence[Shape], dtypes: Sequence[DType]
 ) -> tuple[Shape, DType]:
     """The shape rule of a fused Attention eqn: its operands against its form."""
-    if form.keys is not KeyLayout.DENSE:
+    if form.keys is KeyLayout.PAGED:
         raise UnsupportedPrimitive("Attention", f"the {form.keys.value} key form is not built")
-    if len(shapes) != form.n_operands:
-        raise ShapeError(
-            f"Attention with mask={form.mask.value} takes {form.n_operands} operands, "
-            f"got {len(shapes)}"
-        )
-    mask = shapes[3] if form.mask is MaskKind.ADDITIVE else None
-    out = check_attention(*shapes[:3], mask, softcap=form.softcap, n_rep=form.n_rep)
+    sh = attention_operands(form, shapes)
+    dt = attention_operands(form, dtypes)
+    mask, ks = sh.get("mask"), sh.get("k_shared")
+    out = check_attention(sh["q"], sh["k"], sh["v"], mask, softcap=form.softcap,
+                          n_rep=form.n_rep, k_shared=ks)
     if mask is not None and mask_bcast(mask) != form.mask_bcast:
         raise ShapeError(f"mask {tuple(mask)} does not broadcast as {form.mask_bcast}")
-    q_dt, k_dt, v_dt = dtypes[:3]
-    if k_dt is not form.kv_dtype or v_dt is not form.kv_dtype:
-        raise ShapeError(
-            f"k/v are {k_dt.value}/{v_dt.value} but the form stores {form.kv_dtype.value}"
-        )
-    if form.kv_dtype not in (F32, F16, BF16) or q_dt is not F32:
-        raise ShapeError(f"Attention computes in f32: q is {q_dt.value}")
-    if mask is not None and dtypes[3] is not F32:
-        raise ShapeError(f"Attention mask must be f32, got {dtypes[3].value}")
-    if form.live and (tuple(shapes[-1]) != (out[0],) or dtypes[-1] is not I32):
+    if ks is not None and ks[3] != form.shared_width:
+        raise ShapeError(f"k_shared width {ks[3]} != the form's s = {form.shared_width}")
+    for role in ("k", "v", "k_shared"):
+        if role in dt and dt[role] is not form.kv_dtype:
+            raise ShapeError(
+                f"{role} is {dt[role].value} but the form stores {form.kv_dtype.value}"
+            )
+    if form.kv_dtype not in (F32, F16, BF16) or dt["q"] is not F32:
+        raise ShapeError(f"Attention computes in f32: q is {dt['q'].value}")
+    if mask is not None and dt["mask"] is not F32:
+        raise ShapeError(f"Attention mask must be f32, got {dt['mask'].value}")
+    if form.live and (tuple(sh["len"]) != (out[0],) or dt["len"] is not I32):
         raise ShapeError(f"Attention live length must be i32[{out[0]}], "
-                         f"got {dtypes[-1].value}{list(shapes[-1])}")
+                         f"got {dt['len'].value}{list(sh['len'])}")
     return out, F32

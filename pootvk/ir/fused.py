@@ -1,6 +1,6 @@
 """Fused elementwise primitives: one eqn computing a small expression DAG of elementwise prims.
 
-The fusion pass (``compile.fuse``) merges an elementwise producer into its single consumer so
+The fusion pass (``passes.fuse``) merges an elementwise producer into its single consumer so
 the intermediate never makes a round trip through memory. What it builds is data: a
 ``FusedBody``, a flat SSA list of ``Node``s in which leaves read an operand of the eqn or
 hold a literal, and every other node applies an ordinary elementwise ``Prim`` (Add..Min,
@@ -171,7 +171,7 @@ def _type_nodes(
 
 def type_body(body: FusedBody, operands: Sequence[Var]) -> Aval:
     """The (shape, dtype) of a body whose leaves read every operand, each once, in order
-    (leaf ``j`` reads operand ``j``: the form ``compile.fuse`` builds)."""
+    (leaf ``j`` reads operand ``j``: the form ``passes.fuse`` builds)."""
     aval, _ = _type_nodes(body, operands)
     leaves = [n.params["index"] for n in body.nodes if n.op is Leaf.OPERAND]
     if leaves != list(range(len(operands))):

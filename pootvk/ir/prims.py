@@ -16,8 +16,9 @@ import numpy as np
 
 from ..errors import ShapeError
 from .attention_form import AttentionForm, check_form_operands
-from .dtypes import BOOL, I32, DType
+from .dtypes import BOOL, F32, I32, DType
 from .graph import Eqn, Graph, Literal, Params, Var
+from .linear_form import LinearForm, check_linear_operands
 from .rules import RuleTable
 
 Aval = tuple[tuple[int, ...], DType]
@@ -110,6 +111,7 @@ CONCAT = Prim("Concat", None, axis=int)
 MATMUL = Prim("MatMul", 2)
 REDUCE = Prim("Reduce", 1, op=ReduceOp, axis=int, keepdim=bool)
 DYNAMIC_UPDATE_SLICE = Prim("DynamicUpdateSlice", None)
+GATHER = Prim("Gather", 2)
 ATTENTION = Prim("Attention", None, fused=True, form=AttentionForm)
 #: IndexGuard(x) -> (clamped, witness): ``clamped = clamp(x, lo, hi)`` and ``witness`` an
 #: I32 [2] (count of elements of x outside [lo, hi], one offending value). A graph declares
@@ -117,6 +119,8 @@ ATTENTION = Prim("Attention", None, fused=True, form=AttentionForm)
 INDEX_GUARD = Prim("IndexGuard", 1, lo=int, hi=int)
 #: The witness layout: word 0 counts the offending elements, word 1 holds one of them.
 WITNESS_SHAPE = (2,)
+#: ``a @ op(w)`` with w read in its stored layout and dtype (passes.matmul_fold makes it)
+LINEAR = Prim("Linear", 2, fused=True, form=LinearForm)
 
 shape_rules: RuleTable[Prim, ShapeRule] = RuleTable(
     "shape", lambda p, why: ShapeError(f"{why} for primitive {p}")
@@ -263,11 +267,25 @@ def _dus(xs: Sequence[Var], p: Params) -> list[Aval]:
     starts, gates = rest[: operand.ndim], rest[operand.ndim:]
     if len(starts) != operand.ndim or any(s.shape != () or s.dtype is not I32 for s in starts):
         raise ShapeError("DynamicUpdateSlice needs one scalar i32 start per operand axis")
-    # after the starts: index-guard witnesses gating the write (compile.ranges.gate_state)
+    # after the starts: index-guard witnesses gating the write (passes.ranges.gate_state)
     if any(w.shape != WITNESS_SHAPE or w.dtype is not I32 for w in gates):
         raise ShapeError("DynamicUpdateSlice gates are IndexGuard witnesses (i32[2])")
     _same_dtype(DYNAMIC_UPDATE_SLICE, (operand, update))
     return [(operand.shape, operand.dtype)]
+
+
+@rule(GATHER)
+def _gather(xs: Sequence[Var], p: Params) -> list[Aval]:
+    """Rows of a table by index (an embedding lookup): table [V, *rest], indices [*idx] i32
+    -> [*idx, *rest]. An index outside [0, V) is clamped to the nearest row (as
+    DynamicUpdateSlice clamps its starts): never a read out of bounds. Indices bound from a
+    slot with a declared range [0, V - 1] (``Builder.tokens``) are refused at bind instead."""
+    table, idx = xs
+    if table.ndim < 1 or table.shape[0] < 1:
+        raise ShapeError(f"Gather table {table.shape} has no rows to gather")
+    if idx.dtype is not I32:
+        raise ShapeError(f"Gather indices must be i32, got {idx.dtype.value}")
+    return [(idx.shape + table.shape[1:], table.dtype)]
 
 
 @rule(INDEX_GUARD)
@@ -284,6 +302,12 @@ def _index_guard(xs: Sequence[Var], p: Params) -> list[Aval]:
 def _attention(xs: Sequence[Var], p: Params) -> list[Aval]:
     shape, dt = check_form_operands(p["form"], [x.shape for x in xs], [x.dtype for x in xs])
     return [(shape, dt)]
+
+
+@rule(LINEAR)
+def _linear(xs: Sequence[Var], p: Params) -> list[Aval]:
+    a, b = xs
+    return [(check_linear_operands(p["form"], (a.shape, a.dtype), (b.shape, b.dtype)), F32)]
 
 
 def type_eqn(prim: Prim, inputs: Sequence[Var], params: Mapping[str, Any]) -> list[Aval]:

@@ -128,6 +128,10 @@ class DecodeLoop:
         """GPU time of the last step (with ``timestamps=True``)."""
         return self._replay.gpu_time_ns()
 
+    def dispatch_times_ns(self) -> list[tuple[str, float]] | None:
+        """(kernel label, device ns) of every dispatch of the last step (``timestamps=True``)."""
+        return self._replay.dispatch_times_ns()
+
     @property
     def k_cache(self) -> np.ndarray:
         with self._lock:

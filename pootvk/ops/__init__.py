@@ -8,12 +8,15 @@ from .attention import (
     causal_mask,
     repeat_kv,
     softmax,
+    split_key,
     trace_attention,
     trace_decode_step,
 )
 from .builder import Builder
+from .layers import rms_norm, rope, rope_tables
 
 __all__ = [
     "Builder", "attention_core", "attention_live", "attention_masked", "attention_prefill",
-    "causal_mask", "repeat_kv", "softmax", "trace_attention", "trace_decode_step",
+    "causal_mask", "repeat_kv", "rms_norm", "rope", "rope_tables", "softmax", "split_key",
+    "trace_attention", "trace_decode_step",
 ]

@@ -1,6 +1,6 @@
 """Attention as primitive equations, exactly the chain of the seed document.
 
-No attention opcode is emitted here: ``compile.attention_rewrite`` recognises the chain and
+No attention opcode is emitted here: ``passes.attention_rewrite`` recognises the chain and
 fuses it. The causal mask is built in the graph from Iota against the position slot, so
 nothing per-step is baked into a kernel.
 """
@@ -53,6 +53,15 @@ def softmax(b: Builder, x: Var) -> Var:
     return b.div(ex, s)
 
 
+def split_key(b: Builder, k: Var, k_shared: Var) -> Var:
+    """The whole key of a split-key (latent) attention: concat(k, broadcast(k_shared)) on
+    the last axis, k [B,Hkv,Lk,Dk-s], k_shared [B,1,Lk,s] -> [B,Hkv,Lk,Dk]. The rewrite
+    recognises this and keeps the two parts as operands (the broadcast key is never built)."""
+    bb, hkv, lk, _ = k.shape
+    shared = b.broadcast(k_shared, (bb, hkv, lk, k_shared.shape[3]))
+    return b.concat([k, shared], axis=3)
+
+
 def attention_core(
     b: Builder,
     q: Var,
@@ -61,22 +70,31 @@ def attention_core(
     mask: Var | None = None,
     scale: float | None = None,
     softcap: float | None = None,
+    k_shared: Var | None = None,
 ) -> Var:
     """softmax(cap(q k^T * scale) + mask) v over [B, H, L, D] operands (GQA by repeat_kv).
 
-    Operands are validated by the one attention validator (``ir.check_attention``)."""
-    return _attend(b, q, k, v, mask, scale, softcap, None)
+    With ``k_shared`` [B,1,Lk,s] the key is split: head g's key is concat(k[:, g],
+    k_shared[:, 0]) (:func:`split_key`), q has the whole width Dk = k's width + s, and the
+    scale defaults to 1/sqrt(Dk). Operands are validated by the one attention validator
+    (``ir.check_attention``)."""
+    return _attend(b, q, k, v, mask, scale, softcap, None, k_shared)
 
 
 def _attend(
     b: Builder, q: Var, k: Var, v: Var, mask: Var | None, scale: float | None,
-    softcap: float | None, length: Var | None,
+    softcap: float | None, length: Var | None, k_shared: Var | None = None,
 ) -> Var:
     """The chain itself; with ``length`` (an I32 [B] already guarded) the live selects."""
     check_attention(
-        q.shape, k.shape, v.shape, None if mask is None else mask.shape, softcap=softcap
+        q.shape, k.shape, v.shape, None if mask is None else mask.shape, softcap=softcap,
+        k_shared=None if k_shared is None else k_shared.shape,
     )
     n_rep = q.shape[1] // k.shape[1]
+    if k_shared is not None:
+        if k_shared.dtype is not k.dtype:
+            raise ShapeError(f"k_shared is {k_shared.dtype.value} but k is {k.dtype.value}")
+        k = split_key(b, k, k_shared)  # in the storage dtype: Convert below sees one key
     # 16-bit K/V (storage) are converted to F32 for the math; the rewrite folds the
     # conversion into the fused kernel, which reads them 16-bit
     if k.dtype is not F32:
@@ -117,6 +135,7 @@ def attention_live(
     scale: float | None = None,
     softcap: float | None = None,
     guard: str = "len",
+    k_shared: Var | None = None,
 ) -> Var:
     """Attention over the live prefix of each batch row: row b sees keys ``t < length[b]``.
 
@@ -126,12 +145,13 @@ def attention_live(
     (GuardFailed) and publishes nothing. The inactive key and value rows are then selected
     to zero before either matmul (a true select: a NaN in an unused row cannot reach the
     output) and the inactive scores to -inf before the softmax. Everything else (scale,
-    softcap, additive ``mask``, GQA, 16-bit K/V) is :func:`attention_core`'s.
+    softcap, additive ``mask``, GQA, 16-bit K/V, a split key's ``k_shared``) is
+    :func:`attention_core`'s.
     """
     if length.dtype is not I32 or length.shape != (q.shape[0],):
         raise ShapeError(f"live length must be i32[{q.shape[0]}], got {length.aval()}")
     length = b.index_guard(length, 1, k.shape[2], guard)
-    return _attend(b, q, k, v, mask, scale, softcap, length)
+    return _attend(b, q, k, v, mask, scale, softcap, length, k_shared)
 
 
 def attention_prefill(
@@ -183,23 +203,26 @@ def trace_attention(
     softcap: float | None = None,
     kv_dtype: DType = F32,
     lengths: bool = False,
+    k_shared_shape: tuple[int, ...] | None = None,
 ) -> Graph:
     """A graph of plain attention over bound q/k/v (and mask): what ``pootvk.attention`` runs.
     ``kv_dtype`` F16/BF16 stores K/V 16-bit (the math stays F32). With ``lengths`` an I32
     [B] input ``lengths`` bounds each row's keys (:func:`attention_live`; its guard and
-    validation output are named ``lengths``)."""
+    validation output are named ``lengths``). ``k_shared_shape`` [B,1,Lk,s] binds a split
+    key's shared part (input ``k_shared``, stored like k)."""
     _check_kv_dtype(kv_dtype)
     b = Builder()
     q = b.input("q", q_shape, F32)
     k = b.input("k", k_shape, kv_dtype)
     v = b.input("v", v_shape, kv_dtype)
     m = b.input("mask", mask_shape, F32) if mask_shape is not None else None
+    ks = b.input("k_shared", k_shared_shape, kv_dtype) if k_shared_shape is not None else None
     if lengths:
         n = b.input("lengths", (q_shape[0],), I32)
         out = attention_live(b, q, k, v, n, mask=m, scale=scale, softcap=softcap,
-                             guard="lengths")
+                             guard="lengths", k_shared=ks)
     else:
-        out = attention_core(b, q, k, v, m, scale, softcap)
+        out = attention_core(b, q, k, v, m, scale, softcap, k_shared=ks)
     b.export("out", out)
     return b.build()
 

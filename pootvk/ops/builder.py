@@ -64,6 +64,11 @@ class Builder:
     def state(self, name: str, shape: Sequence[int], dtype: DType = F32) -> Var:
         return self.slot(name, SlotKind.STATE, shape, dtype)
 
+    def tokens(self, name: str, shape: Sequence[int], vocab: int) -> Var:
+        """Token ids, declared in [0, vocab - 1]: a bound id outside that range is refused
+        at bind (SlotRangeError) before a Gather could clamp it."""
+        return self.slot(name, SlotKind.TOKENS, shape, I32, (0, vocab - 1))
+
     def pos(self, name: str, lo: int, hi: int) -> Var:
         return self.slot(name, SlotKind.POS, (), I32, (lo, hi))
 
@@ -172,6 +177,80 @@ class Builder:
         return self.emit(
             P.DYNAMIC_UPDATE_SLICE, [operand, update, *(self.lit(s, I32) for s in starts)]
         )
+
+    def gather(self, table: Var, indices: Var) -> Var:
+        """``table[indices]`` along axis 0: [V, *rest] by [*idx] -> [*idx, *rest]; an index
+        outside [0, V) reads the nearest row (clamped, never out of bounds)."""
+        return self.emit(P.GATHER, [table, indices])
+
+    def copy(self, x: Var) -> Var:
+        return self.emit(P.COPY, [x])
+
+    # unary shortcuts (``unary(op, x)`` takes any UnaryOp)
+    def neg(self, x: Var) -> Var:
+        return self.unary(UnaryOp.NEG, x)
+
+    def sqrt(self, x: Var) -> Var:
+        return self.unary(UnaryOp.SQRT, x)
+
+    def rsqrt(self, x: Var) -> Var:
+        return self.unary(UnaryOp.RSQRT, x)
+
+    def log(self, x: Var) -> Var:
+        return self.unary(UnaryOp.LOG, x)
+
+    def recip(self, x: Var) -> Var:
+        return self.unary(UnaryOp.RECIP, x)
+
+    def sigmoid(self, x: Var) -> Var:
+        return self.unary(UnaryOp.SIGMOID, x)
+
+    def silu(self, x: Var) -> Var:
+        return self.unary(UnaryOp.SILU, x)
+
+    # --- layers ---------------------------------------------------------------------------
+    # Chains of the primitives above, written as functions over a Builder in ops.layers and
+    # ops.attention (which import this module, hence the imports inside the methods). The
+    # attention helpers emit the chain the attention rewrite fuses into one kernel.
+    def rms_norm(self, x: Var, weight: Var, eps: float = 1e-6) -> Var:
+        """``x * rsqrt(mean(x^2) + eps) * weight`` over the last axis (F32 math)."""
+        from .layers import rms_norm
+
+        return rms_norm(self, x, weight, eps)
+
+    def rope(self, x: Var, pos: Var, cos: Var, sin: Var) -> Var:
+        """HF Llama's (non-interleaved) rotary embedding of x [B, H, L, D] at pos..pos+L-1,
+        from cos/sin tables [P, D/2] (``ops.layers.rope_tables``)."""
+        from .layers import rope
+
+        return rope(self, x, pos, cos, sin)
+
+    def repeat_kv(self, x: Var, n_rep: int) -> Var:
+        """GQA: each of x's [B, Hkv, L, D] heads repeated n_rep times -> [B, Hkv*n_rep, L, D]."""
+        from .attention import repeat_kv
+
+        return repeat_kv(self, x, n_rep)
+
+    def attention(
+        self, q: Var, k: Var, v: Var, mask: Var | None = None, scale: float | None = None,
+        softcap: float | None = None,
+    ) -> Var:
+        """softmax(cap(q k^T * scale) + mask) v over [B, H, L, D] (GQA when Hq > Hkv)."""
+        from .attention import attention_core
+
+        return attention_core(self, q, k, v, mask, scale, softcap)
+
+    def attention_decode(
+        self, q: Var, k_new: Var, v_new: Var, k_cache: Var, v_cache: Var, pos: Var,
+        *, mask: Var | None = None, scale: float | None = None, softcap: float | None = None,
+    ) -> tuple[Var, Var, Var]:
+        """One token over a KV cache: k_new/v_new written at ``pos`` (DynamicUpdateSlice),
+        attention over keys <= pos (in-graph causal mask). Returns (out, k_cache',
+        v_cache'); pass the caches to ``set_state``. Lq > 1 is a causal prefill chunk."""
+        from .attention import attention_prefill
+
+        return attention_prefill(self, q, k_new, v_new, k_cache, v_cache, pos, mask=mask,
+                                 scale=scale, softcap=softcap)
 
 
 def _enum(kind: type, op: object) -> object:

@@ -13,7 +13,19 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from ..errors import UnsupportedPrimitive
-from ..ir import F32, CompareOp, Eqn, Graph, Literal, Params, ReduceOp, RuleTable, UnaryOp, Var
+from ..ir import (
+    F32,
+    CompareOp,
+    Eqn,
+    Graph,
+    Literal,
+    Params,
+    ReduceOp,
+    RuleTable,
+    UnaryOp,
+    Var,
+    attention_operands,
+)
 from ..ir import prims as P
 from ..ir.bind import check_bind
 
@@ -146,18 +158,42 @@ def _dus(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
     return out
 
 
+@rule(P.LINEAR)
+def _linear(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
+    """The folded matmul, computed by the rules of the chain it replaced (bit-identical):
+    Convert of the 16-bit weight, Transpose of its last two axes, MatMul."""
+    a, w = xs
+    form = p["form"]
+    if form.b_dtype is not F32:
+        w = _convert([w], Params(dtype=F32))
+    if form.transpose_b:
+        w = np.ascontiguousarray(np.swapaxes(w, -1, -2))
+    return _matmul([a, w], Params())
+
+
+@rule(P.GATHER)
+def _gather(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
+    """Rows of the table; an index outside [0, V) reads the nearest row (clamped)."""
+    table, idx = xs
+    return np.take(table, np.clip(idx.astype(np.int64), 0, table.shape[0] - 1), axis=0)
+
+
 @rule(P.ATTENTION)
 def _attention(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
     """The fused op, computed by the very rules of the chain it replaced (bit-identical)."""
-    q, k, v, *rest = xs
     form = p["form"]
+    ops = attention_operands(form, xs)
+    q, k, v = ops["q"], ops["k"], ops["v"]
     n_rep = form.n_rep
+    if "k_shared" in ops:  # the split key's chain: concat(k, broadcast(k_shared)), stored
+        ks = ops["k_shared"]
+        ks = _broadcast([ks], Params(shape=(*k.shape[:3], ks.shape[3])))
+        k = _concat([k, ks], Params(axis=3))
     if form.kv_dtype is not F32:  # the chain's Convert(k16 -> F32), as its rule computes it
         k, v = _convert([k], Params(dtype=F32)), _convert([v], Params(dtype=F32))
     live_keys = None
     if form.live:  # ops.attention_live's selects: K/V rows to zero, then scores to -inf
-        *rest, length = rest
-        lb = length.reshape(-1, 1, 1, 1)
+        lb = ops["len"].reshape(-1, 1, 1, 1)
         rows = np.arange(k.shape[2]).reshape(1, 1, -1, 1) < lb
         k, v = np.where(rows, k, k.dtype.type(0)), np.where(rows, v, v.dtype.type(0))
         live_keys = np.arange(k.shape[2]).reshape(1, 1, 1, -1) < lb
@@ -177,8 +213,8 @@ def _attention(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
     if form.softcap is not None:
         cap = f32(form.softcap)
         s = mul([_unary([div([s, cap], none)], Params(op=UnaryOp.TANH)), cap], none)
-    if rest:
-        s = eval_rules[P.ADD]([s, rest[0]], none)
+    if "mask" in ops:
+        s = eval_rules[P.ADD]([s, ops["mask"]], none)
     if live_keys is not None:
         s = np.where(live_keys, s, f32(-np.inf))
     m = _reduce([s], Params(op=ReduceOp.MAX, axis=3, keepdim=True))

@@ -65,10 +65,17 @@ class _GroupShape:
     dk: int
     dv: int
     kv_dtype: str
+    dk_shared: int
 
     @property
     def n_rep(self) -> int:
         return self.hq // self.hkv
+
+    @property
+    def key_widths(self) -> tuple[int, ...]:
+        """The key's stored row widths: (dk,), or (dk - s, s) for a split key (k's own part,
+        then the part k_shared holds once for every head)."""
+        return (self.dk - self.dk_shared, self.dk_shared) if self.dk_shared else (self.dk,)
 
     @property
     def group_rows(self) -> int:
@@ -77,7 +84,11 @@ class _GroupShape:
 
     @property
     def kv_bytes(self) -> int:
-        return self.b * self.hkv * self.lk * (self.dk + self.dv) * kv_itemsize(self.kv_dtype)
+        """Bytes of K/V the kernel reads: k and v per KV head, a split key's shared part once
+        per batch row (never broadcast over the heads)."""
+        per_head = self.dk - self.dk_shared + self.dv
+        return (self.b * self.hkv * per_head + self.b * self.dk_shared) * self.lk * \
+            kv_itemsize(self.kv_dtype)
 
 
 @dataclass(frozen=True)
@@ -96,10 +107,16 @@ class DecodeProblem(_GroupShape):
     mask: tuple[int, int, int] | None = None  # the mask's (B, H, Lq) extents (1 = broadcast)
     kv_dtype: str = "f32"
     live_len: bool = False  # read row b's live key count len[b] from an i32 [B] buffer
+    #: split key: the last dk_shared query channels read k_shared [B, 1, Lk, dk_shared]
+    #: (one row per key for every head); k holds the first dk - dk_shared. 0: dense key
+    dk_shared: int = 0
 
     def __post_init__(self) -> None:
         if self.kv_dtype not in KV_DTYPES:
             raise DtypeLowering("AttentionDecode", self.kv_dtype)
+        if not 0 <= self.dk_shared < self.dk:
+            raise ShapeError(f"decode attention: shared key width {self.dk_shared} not in "
+                             f"[0, Dk={self.dk})")
         if min(self.b, self.hq, self.hkv, self.lq, self.lk, self.dk, self.dv) < 1:
             raise ShapeError(f"decode attention: every extent must be >= 1: {self}")
         if self.hq % self.hkv:
@@ -146,6 +163,7 @@ class DecodeRequest(_GroupShape):
     #: all-gather the sums: 2 (n - n / lanes) shuffles instead of n log2(lanes))
     dot_reduce: str = "butterfly"
     lazy_rescale: bool = False  # rescale a row's accumulators only when its running max moves
+    dk_shared: int = 0  # split key: width of k_shared [B, 1, Lk, s] (0: dense key)
 
     # --- derived ---------------------------------------------------------------------------
     @property
@@ -212,7 +230,10 @@ class DecodeRequest(_GroupShape):
         """The partial kernel's bindings in binding order (names are the operand roles)."""
         kv = DType(self.kv_dtype)
         r, w, rw = Access.READ, Access.WRITE, Access.READ_WRITE
-        out = [Binding("q", r, F32), Binding("k", r, kv), Binding("v", r, kv)]
+        out = [Binding("q", r, F32), Binding("k", r, kv)]
+        if self.dk_shared:
+            out.append(Binding("k_shared", r, kv))
+        out.append(Binding("v", r, kv))
         if self.mask is not None:
             out.append(Binding("mask", r, F32))
         if self.live_len:
@@ -240,7 +261,8 @@ class DecodeRequest(_GroupShape):
         cap = "" if self.softcap is None else f" softcap={self.softcap:g}"
         return (
             f"attention_decode B={self.b} Hq={self.hq} Hkv={self.hkv} Lq={self.lq} "
-            f"Lk={self.lk}{' (live)' if self.live_len else ''} Dk={self.dk} Dv={self.dv} "
+            f"Lk={self.lk}{' (live)' if self.live_len else ''} Dk={self.dk}"
+            f"{f' (shared {self.dk_shared})' if self.dk_shared else ''} Dv={self.dv} "
             f"kv={self.kv_dtype} scale={self.scale:.6g}{cap} mask={m} splits={self.splits} "
             f"rows/wg={self.rows_per_wg} "
             f"lanes/key={self.lanes_per_key} wg={self.local_size} keys/iter={self.keys_per_iter} "
@@ -380,15 +402,17 @@ def choose_decode_schedule(
     ov = dict(overrides or {})
     ov_keys = frozenset(ov)
     bytes_ = kv_itemsize(p.kv_dtype)
+    widths = (*p.key_widths, p.dv)  # every stored row width (a load never straddles two)
     if bytes_ == 2:
         if not profile.supports_16bit and not profile.extra.get("storage_buffer_16bit"):
             raise DtypeLowering("AttentionDecode", p.kv_dtype)
-        if p.dk % 4 or p.dv % 4:
+        if any(w % 4 for w in widths):
             raise DtypeLowering("AttentionDecode", f"{p.kv_dtype} with head widths "
-                                f"{p.dk}/{p.dv} (16-bit K/V need multiples of 4)")
-        load_elems = 8 if p.dk % 8 == 0 and p.dv % 8 == 0 else 4
+                                f"{'/'.join(map(str, widths))} (16-bit K/V need multiples "
+                                "of 4)")
+        load_elems = 8 if all(w % 8 == 0 for w in widths) else 4
     else:
-        load_elems = 4 if p.dk % 4 == 0 and p.dv % 4 == 0 else 1
+        load_elems = 4 if all(w % 4 == 0 for w in widths) else 1
     load_elems = int(ov.pop("load_elems", load_elems))
 
     # lavapipe: at most 4 rows (its LLVM compile of an 8-row unrolled kernel takes ~30 s)
@@ -404,10 +428,11 @@ def choose_decode_schedule(
     # accumulator state, rows * (dk + dv) / lanes floats, still fits REG_FLOATS; lanes double
     # while it does not. A power of two dividing both widths in loads, at most 32 (and the
     # subgroup when shuffles reduce the dot).
-    units = _largest_pow2_dividing(
-        min(_largest_pow2_dividing(p.dk // load_elems), _largest_pow2_dividing(p.dv // load_elems))
-    )
-    cap = min(32, units, sub if subgroup else 32)
+    def lane_cap(elems: int) -> int:
+        units = min(_largest_pow2_dividing(w // elems) for w in widths)
+        return min(32, units, sub if subgroup else 32)
+
+    cap = lane_cap(load_elems)
     lanes = _pow2_ceil(max(1, p.dk * bytes_ // (32 if bytes_ == 4 else 16)))
     # Short 16-bit caches that will be split (Lk <= SHORT_16BIT_LK, the (batch, KV head,
     # row block) workgroups below one per compute unit) keep 16 lanes per key, 4 keys per
@@ -427,8 +452,20 @@ def choose_decode_schedule(
         lanes //= 2
     while rows * (p.dk + p.dv) > REG_FLOATS * lanes and lanes < 32:
         lanes *= 2
+    # Wide heads (the MLA decode shape: Dk=576 split 512 + 64, Dv=512): 16-byte loads cap the
+    # lanes per key (64 / 8 halves: 8); 8-byte loads allow twice as many when the state needs
+    # them. Not measured yet (bench/mla_decode.py sweeps the alternatives).
+    if bytes_ == 2 and load_elems == 8 and lanes > cap and "load_elems" not in ov_keys \
+            and lane_cap(4) > cap:
+        load_elems, cap = 4, lane_cap(4)
     lanes = max(1, min(cap, lanes))
     lanes = int(ov.pop("lanes_per_key", lanes))
+    # ... and when even the widest split leaves a lane more than 2 * REG_FLOATS floats of
+    # query + accumulator state, fewer rows share a workgroup (the registers would spill;
+    # each row block then reads the K/V again, mostly from L2)
+    if "rows_per_wg" not in ov_keys:
+        while rows > 1 and rows * (p.dk + p.dv) > 2 * REG_FLOATS * lanes:
+            rows = _rows_per_wg(p.group_rows, rows - 1)
     if subgroup and lanes > sub:
         raise ShapeError(f"decode schedule: {lanes} lanes per key exceed the subgroup ({sub}) "
                          "that their shuffles assume")
@@ -500,7 +537,7 @@ def choose_decode_schedule(
         subgroup=subgroup, grid=fold_grid(groups, profile.max_grid),
         combine_grid=fold_grid(combine_groups, profile.max_grid), prefetch=prefetch,
         fused_combine=fused, f16_convert=f16_convert, dot_reduce=dot_reduce,
-        lazy_rescale=lazy_rescale,
+        lazy_rescale=lazy_rescale, dk_shared=p.dk_shared,
     )
     check_request(r)
     return r
@@ -519,7 +556,7 @@ def check_request(r: DecodeRequest) -> None:
     if r.load_elems not in (1, 4, 8) or (r.kv_dtype != "f32" and r.load_elems == 1) or \
             (r.kv_dtype == "f32" and r.load_elems == 8):
         raise bad("load_elems must be 4 or 1 (f32), 4 or 8 (16-bit)")
-    for d in (r.dk, r.dv):
+    for d in (*r.key_widths, r.dv):
         if d % (r.load_elems * lk):
             raise bad(f"width {d} is not a multiple of load_elems * lanes_per_key")
     if r.group_rows % r.rows_per_wg:

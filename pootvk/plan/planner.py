@@ -79,10 +79,23 @@ class Plan:
             tuple(sorted((b.name, b.nbytes, b.role.value) for b in self.buffers.values())),
         )
 
+    @property
+    def arena_value_bytes(self) -> int:
+        """What the coloured values and scratch would take with a buffer each (aligned)."""
+        return self.arena.naive_bytes
+
+    @property
+    def arena_saved_bytes(self) -> int:
+        """Bytes colouring saves: every intermediate's own buffer against the arena peak."""
+        return self.arena.naive_bytes - self.arena.peak_bytes
+
     def __str__(self) -> str:
+        naive = self.arena.naive_bytes
+        pct = 100.0 * self.arena_saved_bytes / naive if naive else 0.0
         lines = [
             f"plan for {self.profile.name}: {len(self.kernels)} kernel(s), "
-            f"arena peak {self.arena.peak_bytes} bytes"
+            f"arena peak {self.arena.peak_bytes} bytes for {naive} bytes of intermediates "
+            f"(colouring saves {self.arena_saved_bytes} bytes, {pct:.0f}%)"
         ]
         for i, k in enumerate(self.kernels):
             ops = " ".join(
@@ -147,7 +160,7 @@ def _check_state_order(g: Graph, info: UseInfo) -> None:
 
 def _check_gated(g: Graph, info: UseInfo) -> None:
     """With validation witnesses, every state write must be gated on all of them
-    (``compile.gate_state_writes``): a failed guard must leave the state unchanged."""
+    (``passes.gate_state_writes``): a failed guard must leave the state unchanged."""
     witnesses = set(g.validations.values())
     if not witnesses:
         return
@@ -160,7 +173,7 @@ def _check_gated(g: Graph, info: UseInfo) -> None:
         if not witnesses <= gates:
             raise UnsupportedPrimitive(
                 str(e.prim), f"state {name!r} is written without the step's index-guard gates "
-                "(compile the graph: compile.gate_state_writes)")
+                "(compile the graph: passes.gate_state_writes)")
 
 
 def plan_graph(g: Graph, profile: DeviceProfile) -> Plan:

@@ -44,6 +44,7 @@ class AttentionRequest:
     grid: tuple[int, int]
     keys_per_step: int = 2  # keys a lane takes per loop step (its loads all in flight)
     live: bool = False  # read len[b] (i32 [B]): the loop visits keys t < clamp(len[b], 0, Lk)
+    dk_shared: int = 0  # split key: width s of k_shared [B, 1, Lk, s] (0: dense key)
 
     def push_constants(self) -> tuple[int, ...]:
         """Push-constant words: the key length Lk, so neither the generated source nor the
@@ -52,7 +53,8 @@ class AttentionRequest:
 
     def bindings(self) -> tuple[Binding, ...]:
         r = Access.READ
-        names = ("q", "k", "v", "mask") if self.mask is not None else ("q", "k", "v")
+        names = ("q", "k", *(("k_shared",) if self.dk_shared else ()), "v",
+                 *(("mask",) if self.mask is not None else ()))
         live = (Binding("len", r, I32),) if self.live else ()
         return (*(Binding(n, r, F32) for n in names), *live, Binding("o", Access.WRITE, F32))
 
@@ -80,7 +82,8 @@ class AttentionRequest:
         cap = "" if self.softcap is None else f" softcap={self.softcap:g}"
         return (
             f"attention B={self.b} Hq={self.hq} Hkv={self.hkv} Lq={self.lq} Lk={self.lk} "
-            f"Dk={self.dk} Dv={self.dv} scale={self.scale:.6g}{cap} mask={m} "
+            f"Dk={self.dk}{f' (shared {self.dk_shared})' if self.dk_shared else ''} "
+            f"Dv={self.dv} scale={self.scale:.6g}{cap} mask={m} "
             f"{'live ' if self.live else ''}"
             f"lanes={self.lanes} vec={self.vec} keys/step={self.keys_per_step} "
             f"grid={self.grid[0]}x{self.grid[1]}"

@@ -12,10 +12,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..errors import DtypeLowering, UnsupportedPrimitive
-from ..ir import BF16, F16, F32, U32, Eqn, Literal, Params, Prim, RuleTable, Var
+from ..ir import (
+    BF16,
+    F16,
+    F32,
+    U32,
+    Eqn,
+    Literal,
+    Params,
+    Prim,
+    RuleTable,
+    Var,
+    attention_operands,
+)
 from ..ir import prims as P
 from .bindings import Scratch
 from .decode_schedule import DecodeCombineRequest, DecodeRequest
+from .matmul_schedule import MatMulRequest, choose_matmul
 from .profile import DeviceProfile
 from .requests import (
     AttentionRequest,
@@ -28,8 +41,8 @@ from .requests import (
 from .schedule import attention_schedule
 
 KernelRequest = (
-    AttentionRequest | PrimRequest | DecodeRequest | DecodeCombineRequest | FusedRequest
-    | FusedReduceRequest
+    AttentionRequest | PrimRequest | DecodeRequest | DecodeCombineRequest | MatMulRequest
+    | FusedRequest | FusedReduceRequest
 )
 
 PRIM_WORKGROUP = 64
@@ -84,7 +97,7 @@ def prim_request(
 #: Primitives whose kernels take 16-bit (F16/BF16) operands: pure data movement copies the
 #: 16-bit words, Convert converts through F32. Arithmetic on 16-bit values is not lowered.
 MOVES_16BIT = (P.RESHAPE, P.BROADCAST, P.TRANSPOSE, P.SLICE, P.CONCAT, P.COPY,
-               P.DYNAMIC_UPDATE_SLICE, P.CONVERT)
+               P.DYNAMIC_UPDATE_SLICE, P.CONVERT, P.GATHER)
 
 
 def _check_16bit(e: Eqn) -> None:
@@ -101,7 +114,7 @@ def _bound(req: PrimRequest, inputs: tuple[Var, ...]) -> tuple[Var, ...]:
 
 @plan_rules.register(
     *P.BINARY, P.UNARY, P.COMPARE, P.SELECT, P.CONVERT, P.IOTA, P.RESHAPE, P.BROADCAST,
-    P.TRANSPOSE, P.SLICE, P.CONCAT, P.MATMUL, P.REDUCE, P.COPY, P.INDEX_GUARD,
+    P.TRANSPOSE, P.SLICE, P.CONCAT, P.REDUCE, P.COPY, P.GATHER, P.INDEX_GUARD,
 )
 def _elementwise(e: Eqn, ctx: PlanContext) -> RuleResult:
     """One invocation per (first) output element; IndexGuard also binds its witness."""
@@ -109,6 +122,28 @@ def _elementwise(e: Eqn, ctx: PlanContext) -> RuleResult:
     out = e.outputs[0]
     req = prim_request(e.prim, e.inputs, out, e.params, out.size, ctx.profile)
     return RuleResult([KernelCall(req, (*_bound(req, e.inputs), *e.outputs), str(e.prim))])
+
+
+def _matmul_call(e: Eqn, ctx: PlanContext, transpose_b: bool) -> RuleResult:
+    a, b = e.inputs
+    req = choose_matmul(a.shape, b.shape, e.out.shape, transpose_b=transpose_b,
+                        b_dtype=b.dtype, a_dtype=a.dtype, out_dtype=e.out.dtype,
+                        profile=ctx.profile)
+    return RuleResult([KernelCall(req, (a, b, e.out), str(e.prim))])
+
+
+@plan_rules.register(P.MATMUL)
+def _matmul(e: Eqn, ctx: PlanContext) -> RuleResult:
+    """GEMV for few rows, tiled GEMM otherwise (plan.matmul_schedule). F16/BF16 operands
+    are read 16-bit and computed in F32, the output rounded to 16 bits at its store."""
+    return _matmul_call(e, ctx, transpose_b=False)
+
+
+@plan_rules.register(P.LINEAR)
+def _linear(e: Eqn, ctx: PlanContext) -> RuleResult:
+    """The folded matmul: B read in its stored layout and dtype (no transpose or convert
+    kernel runs)."""
+    return _matmul_call(e, ctx, transpose_b=e.params["form"].transpose_b)
 
 
 @plan_rules.register(P.DYNAMIC_UPDATE_SLICE)
@@ -131,14 +166,20 @@ def _attention(e: Eqn, ctx: PlanContext) -> RuleResult:
     coloured with the values; a fused combine's arrival counters are persistent, zeroed
     scratch), else the streaming kernel."""
     req = attention_schedule(e, ctx.profile)
+    # the eqn's operands in the kernel's binding order (bound by role name)
+    by_role = attention_operands(e.params["form"], e.inputs)
+    ins = tuple(by_role[b.name] for b in req.bindings() if b.name in by_role)
+    if len(ins) != len(by_role):
+        raise RuntimeError(f"{req.describe()} binds {[b.name for b in req.bindings()]}, "
+                           f"not every operand of {sorted(by_role)}")
     if isinstance(req, AttentionRequest) or req.splits == 1:
-        return RuleResult([KernelCall(req, (*e.inputs, e.out), "attention")])
+        return RuleResult([KernelCall(req, (*ins, e.out), "attention")])
     part = Scratch(req.partial_floats, F32, "partials")
     if req.fused_combine:
         count = Scratch(req.counters, U32, "counters", persistent=True)
-        call = KernelCall(req, (*e.inputs, part, count, e.out), "attention")
+        call = KernelCall(req, (*ins, part, count, e.out), "attention")
         return RuleResult([call], [part, count])
     return RuleResult([
-        KernelCall(req, (*e.inputs, part), "attention"),
+        KernelCall(req, (*ins, part), "attention"),
         KernelCall(DecodeCombineRequest(req), (part, e.out), "combine"),
     ], [part])

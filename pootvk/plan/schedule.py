@@ -16,7 +16,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 
 from ..errors import AttentionLds, DtypeLowering, ShapeError
-from ..ir import F32, Eqn, MaskKind
+from ..ir import F32, Eqn, attention_operands
 from .decode_schedule import DecodeProblem, DecodeRequest, choose_decode_schedule
 from .profile import DeviceProfile
 from .requests import AttentionRequest, fold_grid
@@ -71,15 +71,15 @@ def choose_lanes(dv: int, profile: DeviceProfile) -> int:
 
 
 def decode_problem(e: Eqn) -> DecodeProblem:
-    q, k, v, *rest = e.inputs
     form = e.params["form"]
+    ops = attention_operands(form, e.inputs)
+    q, k, v, mask = ops["q"], ops["k"], ops["v"], ops.get("mask")
     b, hq, lq, dk = q.shape
-    mask = rest[0] if form.mask is MaskKind.ADDITIVE else None
     return DecodeProblem(
         b=b, hq=hq, hkv=k.shape[1], lq=lq, lk=k.shape[2], dk=dk, dv=v.shape[3],
         scale=float(form.scale), softcap=None if form.softcap is None else float(form.softcap),
         mask=None if mask is None else tuple(mask.shape[:3]), kv_dtype=form.kv_dtype.value,
-        live_len=form.live,
+        live_len=form.live, dk_shared=form.shared_width,
     )
 
 
@@ -113,6 +113,7 @@ def attention_request(e: Eqn, profile: DeviceProfile) -> AttentionRequest:
     return AttentionRequest(
         b=p.b, hq=p.hq, hkv=p.hkv, lq=p.lq, lk=p.lk, dk=p.dk, dv=p.dv, scale=p.scale,
         softcap=p.softcap, mask=p.mask, live=p.live_len, lanes=choose_lanes(p.dv, profile),
-        vec=4 if p.dk % 4 == 0 and p.dv % 4 == 0 else 1,
+        vec=4 if all(w % 4 == 0 for w in (*p.key_widths, p.dv)) else 1,
         grid=fold_grid(p.b * p.hq * p.lq, profile.max_grid), keys_per_step=kps,
+        dk_shared=p.dk_shared,
     )

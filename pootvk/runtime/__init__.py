@@ -14,9 +14,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 
-from ..compile import compile_graph
 from ..config import config
 from ..ir import Graph
+from ..passes import compile_graph
 from ..plan import Plan, plan_graph
 from ..shaders.generate import compile_plan
 from ..vk import Device, shared_device

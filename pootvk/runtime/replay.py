@@ -10,7 +10,7 @@ step's inputs into their mapped buffers, submits the one recording, waits on its
 only then reads the outputs. Validation witnesses (index guards' I32 [2]: offending count,
 one offending value) are zeroed before every submit and read first after it: a nonzero
 count raises GuardFailed and nothing is returned (the graph's state writes were gated on
-the same witnesses, ``compile.ranges.gate_state_writes``, so the state is unchanged).
+the same witnesses, ``passes.ranges.gate_state_writes``, so the state is unchanged).
 Per-step values (the position, new k/v) live in bound
 buffers, so the recording made at construction is valid for every step: ``recordings``
 stays 1.
@@ -187,7 +187,9 @@ class Replay:
                 a = np.asarray(a)
                 if a.dtype != dtype and not np.issubdtype(a.dtype, np.integer):
                     return None
-            if rng is not None and not rng[0] <= int(a) <= rng[1]:
+            if rng is not None and a.size and not (
+                rng[0] <= int(a.min()) and int(a.max()) <= rng[1]
+            ):  # a ranged slot may be an array (token ids), not only a scalar position
                 return None  # check_bind raises the typed error
             writes.append((view, a))
         return writes
@@ -279,10 +281,34 @@ class Replay:
                     raise GuardFailed(name, int(w[-1]), int(w[0]), lo, hi)
             return out
 
+    def rerecord(self) -> None:
+        """Record the command buffer again from the same dispatches and drop the old one:
+        what a runtime that records every step pays (descriptor sets, command buffer). Only
+        the benchmarks call it, as the baseline replay is measured against."""
+        with self._lock:
+            self._require_open()
+            old = self._res.recording
+            assert old is not None
+            self._res.recording = Recorder(self.device).record(
+                old.dispatches, timestamps=old.timestamps, uploads=old.uploads
+            )
+            old.destroy()
+            self.recordings += 1
+
     def gpu_time_ns(self) -> float | None:
         with self._lock:
             rec = self._res.recording
             return rec.gpu_time_ns() if rec else None
+
+    def dispatch_times_ns(self) -> list[tuple[str, float]] | None:
+        """(kernel label, device ns) of every dispatch of the last step (None without
+        timestamps): where a step's GPU time goes, kernel by kernel."""
+        with self._lock:
+            rec = self._res.recording
+            times = rec.dispatch_times_ns() if rec else None
+            if times is None:
+                return None
+            return [(d.label, t) for d, t in zip(rec.dispatches, times, strict=False)]
 
     def close(self) -> None:
         """Free the buffers, the recording and the held pipelines (idempotent); waits for

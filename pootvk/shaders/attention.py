@@ -24,11 +24,13 @@ With ``live`` the request binds ``len`` (I32 [B]): row b's loop visits keys
 ``t < clamp(len[b], 0, Lk)`` only (``live_bound``); Lk stays the K/V row stride, and the
 grid and recording do not depend on the length.
 
-Bindings: the request's ``bindings()`` (q, k, v, [mask], [len], o); with ``vec == 4`` q/k/v/o are
-read as vec4. The kernel is composed of named parts that later schedules reuse: bindings,
-indexing (which rows a workgroup owns), the score transform (scale, softcap, mask), the
-online update (running max, denominator, accumulator), the fold across lanes, and the
-epilogue (normalise and store).
+Bindings: the request's ``bindings()`` (q, k, [k_shared], v, [mask], [len], o); with
+``vec == 4`` q/k/v/o are read as vec4. A split key (``dk_shared = s``) scores each key
+against k's own ``Dk - s`` channels and then the batch row's k_shared row (one for every
+head): the broadcast key is never built. The kernel is composed of named parts that later
+schedules reuse: bindings, indexing (which rows a workgroup owns), the score transform
+(scale, softcap, mask), the online update (running max, denominator, accumulator), the fold
+across lanes, and the epilogue (normalise and store).
 """
 
 from __future__ import annotations
@@ -46,11 +48,13 @@ def _vec(r: AttentionRequest) -> str:
 
 def bindings_part(r: AttentionRequest) -> str:
     t = _vec(r)
-    return declare_bindings(r.bindings(), {"q": t, "k": t, "v": t, "o": t})
+    return declare_bindings(r.bindings(), {"q": t, "k": t, "k_shared": t, "v": t, "o": t})
 
 
 def indexing_part(r: AttentionRequest) -> str:
-    """Which (batch, head, query row) this workgroup owns, and where its q, k/v rows start."""
+    """Which (batch, head, query row) this workgroup owns, and where its q, k/v rows start
+    (a split key's k_shared rows: those of the batch row, the same for every head)."""
+    shared = "    uint ksbase = b * LK_CAP;\n" if r.dk_shared else ""
     return f"""    uint wg = {group_id(r.grid[0])};
     if (wg >= {r.workgroups}u) return;  // uniform over the workgroup: before any barrier
     uint row = wg % {r.lq}u;
@@ -60,7 +64,7 @@ def indexing_part(r: AttentionRequest) -> str:
     uint lane = gl_LocalInvocationID.x;
     uint qb = ((b * {r.hq}u + h) * {r.lq}u + row) * DK;
     uint kbase = (b * {r.hkv}u + g) * LK_CAP;
-"""
+{shared}"""
 
 
 def score_transform(r: AttentionRequest, s: str, t: str, indent: str = "        ") -> list[str]:
@@ -92,7 +96,9 @@ def online_update(r: AttentionRequest) -> str:
     running (m, l, acc) and the accumulation of their value rows."""
     t = _vec(r)
     keys = range(r.keys_per_step)
-    dot = "dot(qd, k[kb{j} + d])" if r.vec == 4 else "qd * k[kb{j} + d]"
+    def dot(buf: str, j: int) -> str:
+        return f"dot(qd, {buf}[{buf}b{j} + d])" if r.vec == 4 else f"qd * {buf}[{buf}b{j} + d]"
+
     body = []
     for j in keys:
         if j:
@@ -101,13 +107,23 @@ def online_update(r: AttentionRequest) -> str:
             body.append(f"        if (!ok{j}) t{j} = t;")
         else:
             body.append("        uint t0 = t;")
-        body.append(f"        uint kb{j} = (kbase + t{j}) * DK;")
+        body.append(f"        uint kb{j} = (kbase + t{j}) * DKN;")
+        if r.dk_shared:
+            body.append(f"        uint k_sharedb{j} = (ksbase + t{j}) * DKS;")
         body.append(f"        float s{j} = 0.0;")
-    body.append("        [[dont_unroll]] for (uint d = 0u; d < DK; ++d) {")
+    # the key's own channels from k, then (split key) the shared ones from k_shared: the
+    # broadcast key is never built
+    body.append("        [[dont_unroll]] for (uint d = 0u; d < DKN; ++d) {")
     body.append("            " + t + " qd = q[qb + d];")
     for j in keys:
-        body.append(f"            s{j} += {dot.format(j=j)};")
+        body.append(f"            s{j} += {dot('k', j)};")
     body.append("        }")
+    if r.dk_shared:
+        body.append("        [[dont_unroll]] for (uint d = 0u; d < DKS; ++d) {")
+        body.append("            " + t + " qd = q[qb + DKN + d];")
+        for j in keys:
+            body.append(f"            s{j} += {dot('k_shared', j)};")
+        body.append("        }")
     for j in keys:
         body += score_transform(r, f"s{j}", f"t{j}")
         if j:  # a key past the end adds zero weight (its reads were clamped to a valid row)
@@ -186,7 +202,11 @@ def generate_attention(r: AttentionRequest) -> str:
 layout(push_constant) uniform Push {{ uint lk; }} pc;  // keys: one kernel, every length
 const uint LANES = {r.lanes}u;
 const uint DK = {r.dk // r.vec}u;  // in units of {t}
-const uint DV = {r.dv // r.vec}u;
+const uint DKN = {(r.dk - r.dk_shared) // r.vec}u;  // k's own row width
+"""
+        + (f"const uint DKS = {r.dk_shared // r.vec}u;  // k_shared's row width\n"
+           if r.dk_shared else "")
+        + f"""const uint DV = {r.dv // r.vec}u;
 shared {t} s_acc[DV * LANES];  // [channel][lane]
 shared float s_m[LANES];
 shared float s_l[LANES];

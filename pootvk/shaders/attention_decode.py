@@ -28,6 +28,11 @@ chunk and writes the neutral partial; the grid does not change.
 Combine kernel: one invocation per output element, ``out = sum_i o_i exp(m_i - M) /
 sum_i l_i exp(m_i - M)``.
 
+A split key (``dk_shared = s``, latent attention): a lane's key slice is its share of k's
+own ``Dk - s`` channels followed by its share of the batch row's k_shared row (bound as
+``ks``, one row per key for every KV head), the query's channels in the same order; the
+dot, reduction and everything after are unchanged, and the broadcast key is never built.
+
 16-bit K/V are read as packed words (``uvec4`` = 8 halves = 16 bytes, or ``uvec2``):
 ``unpackHalf2x16`` for F16, a 16-bit shift into a float's top bits for BF16; all math is F32.
 """
@@ -125,16 +130,19 @@ def generate_decode_partial(r: DecodeRequest) -> str:
     per = E // W  # float vectors per load
     LPK, WG, KPI, R = r.lanes_per_key, r.local_size, r.keys_per_iter, r.rows_per_wg
     NG = r.key_groups
-    UK, UV = r.dk // (E * LPK), r.dv // (E * LPK)  # loads per lane per key
+    # loads per lane per key: UKN of k's own row, then (split key) UKS of k_shared's row
+    UKN, UKS = ((w // (E * LPK)) for w in (r.dk - r.dk_shared, r.dk_shared))
+    UK, UV = UKN + UKS, r.dv // (E * LPK)
     NQX, NOX = UK * per, UV * per  # float vectors of q / o per lane per row
     DKW, DVW = r.dk // W, r.dv // W  # row widths in float vectors
     split = r.splits > 1
     kvt = _kv_glsl_type(r)
     dot = (lambda a, b: f"dot({a}, {b})") if W == 4 else (lambda a, b: f"{a} * {b}")
 
-    binds = [_buffer(0, "q", vt, readonly=True), _buffer(1, "k", kvt, readonly=True),
-             _buffer(2, "v", kvt, readonly=True)]
-    nb = 3
+    kv_names = ["k", *(["ks"] if r.dk_shared else []), "v"]  # k_shared is bound as ks
+    binds = [_buffer(0, "q", vt, readonly=True)] + [
+        _buffer(i + 1, n, kvt, readonly=True) for i, n in enumerate(kv_names)]
+    nb = len(binds)
     if r.mask is not None:
         binds.append(_buffer(nb, "mask", "float", readonly=True))
         nb += 1
@@ -206,13 +214,18 @@ def generate_decode_partial(r: DecodeRequest) -> str:
         emit("uint k1 = LK;")
     emit(f"uint nit = (k1 - k0 + {r.tile - 1}u) / {r.tile}u;")
     emit("uint kvrow = bg * LK_CAP;  // first key row of this KV head")
+    if UKS:
+        emit("uint ksrow = b * LK_CAP;  // first k_shared row of this batch row (every head)")
     # query rows: orow = (b * HKV + g) * GROUP_ROWS + rbase + r
     for i in range(R):
         emit(f"uint orow{i} = bg * {r.group_rows}u + rbase + {i}u;")
         for x in range(NQX):
             d, e = divmod(x, per)
-            emit(f"{vt} q{i}_{x} = q[orow{i} * {DKW}u + (({d * LPK}u + li) * {per}u + {e}u)]"
-                 f" * SCALE;")
+            # a split key's shared channels follow k's own ones in q
+            base = "" if d < UKN else f"{(r.dk - r.dk_shared) // W}u + "
+            d = d if d < UKN else d - UKN
+            emit(f"{vt} q{i}_{x} = q[orow{i} * {DKW}u + {base}(({d * LPK}u + li) * {per}u + "
+                 f"{e}u)] * SCALE;")
         if r.mask is not None:
             mb, mh, mq = r.mask
             emit(f"uint rg{i} = rbase + {i}u;")
@@ -236,11 +249,14 @@ def generate_decode_partial(r: DecodeRequest) -> str:
 
     def loads(ind: int, decl: bool, src: str = "tt") -> None:
         for j in range(KPI):
-            emit(f"uint kb{j} = (kvrow + {src}{j}) * {r.dk // E}u + li;", ind)
+            emit(f"uint kb{j} = (kvrow + {src}{j}) * {(r.dk - r.dk_shared) // E}u + li;", ind)
+            if UKS:
+                emit(f"uint ksb{j} = (ksrow + {src}{j}) * {r.dk_shared // E}u + li;", ind)
             emit(f"uint vb{j} = (kvrow + {src}{j}) * {r.dv // E}u + li;", ind)
         for j in range(KPI):
             for d in range(UK):
-                emit(f"{kvt + ' ' if decl else ''}kw{j}_{d} = k[kb{j} + {d * LPK}u];", ind)
+                word = f"k[kb{j} + {d * LPK}u]" if d < UKN else f"ks[ksb{j} + {(d - UKN) * LPK}u]"
+                emit(f"{kvt + ' ' if decl else ''}kw{j}_{d} = {word};", ind)
         for j in range(KPI):
             for d in range(UV):
                 emit(f"{kvt + ' ' if decl else ''}vw{j}_{d} = v[vb{j} + {d * LPK}u];", ind)

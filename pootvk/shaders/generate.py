@@ -11,7 +11,13 @@ from __future__ import annotations
 from functools import lru_cache
 
 from ..plan import KernelRequest, Plan
-from . import attention, attention_decode, fused, prims  # noqa: F401  (generators register)
+from . import (  # noqa: F401  (generators register)
+    attention,
+    attention_decode,
+    fused,
+    matmul,
+    prims,
+)
 from .compiler import compile_glsl
 from .table import generators
 

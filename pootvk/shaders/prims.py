@@ -206,32 +206,6 @@ def _concat(req: PrimRequest, n: list[str]) -> str:
     return "\n".join(lines)
 
 
-@rule(P.MATMUL)
-def _matmul(req: PrimRequest, n: list[str]) -> str:
-    (sa, _), (sb, _) = req.inputs[0], req.inputs[1]
-    out = req.output[0]
-    r = len(out)
-    m_, k_, n_ = sa[-2], sa[-1], sb[-1]
-
-    def batch(shape: tuple[int, ...]) -> str:
-        bshape = shape[:-2]
-        st = [s * shape[-2] * shape[-1] for s in strides(bshape)]
-        off = (r - 2) - len(bshape)
-        terms = [f"{_idx(off + d)} * {st[d]}u" for d, s in enumerate(bshape) if s != 1]
-        return " + ".join(terms) if terms else "0u"
-
-    t = glsl_type(req.output[1])
-    return (
-        f"    uint abase = {batch(sa)} + {_idx(r - 2)} * {k_}u;\n"
-        f"    uint bbase = {batch(sb)} + {_idx(r - 1)};\n"
-        f"    {t} acc = {t}(0);\n"
-        f"    for (uint k = 0u; k < {k_}u; ++k) {{\n"
-        f"        acc += {n[0]}[abase + k] * {n[1]}[bbase + k * {n_}u];\n"
-        f"    }}\n"
-        f"    y[gid] = acc; // M={m_}"
-    )
-
-
 @rule(P.REDUCE)
 def _reduce(req: PrimRequest, n: list[str]) -> str:
     (shape, dt) = req.inputs[0]
@@ -285,6 +259,22 @@ def _dus(req: PrimRequest, n: list[str]) -> str:
     idx = " + ".join(f"({_idx(d)} + s{d}) * {ost[d]}u" for d in range(len(oshape)))
     lines.append(f"    y[{idx or '0u'}] = {n[1]}[gid];")
     return "\n".join(lines)
+
+
+@rule(P.GATHER)
+def _gather(req: PrimRequest, n: list[str]) -> str:
+    """One invocation per output element: its row is the index word (clamped to the table,
+    the oracle's contract), its column the element's place in the row. 16-bit tables copy
+    their words as they are."""
+    (tshape, _dt) = req.inputs[0]
+    row = 1
+    for d in tshape[1:]:
+        row *= d
+    t = _operand(req, n, 1, f"gid / {row}u")
+    return (
+        f"    uint r = uint(clamp(int({t}), 0, {tshape[0] - 1}));\n"
+        f"    y[gid] = {n[0]}[r * {row}u + gid % {row}u];"
+    )
 
 
 @generators.register(PrimRequest)

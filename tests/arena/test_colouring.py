@@ -3,11 +3,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pootvk.arena import Item, colour
-from pootvk.compile import compile_graph
 from pootvk.errors import BindingRange
 from pootvk.ir import Prim
 from pootvk.ir.prims import COMPARE, SELECT
 from pootvk.ops import Builder, attention_masked
+from pootvk.passes import compile_graph
 from pootvk.plan import plan_graph, recorded_profile
 
 items_st = st.lists(

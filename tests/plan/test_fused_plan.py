@@ -2,9 +2,9 @@
 storage dtypes, a row's lane count, folded grids, and the one-line summaries."""
 
 from pootvk.cli import kernel_summary
-from pootvk.compile import compile_graph
 from pootvk.ir import F16, F32
 from pootvk.ops import Builder
+from pootvk.passes import compile_graph
 from pootvk.plan import FusedReduceRequest, FusedRequest, plan_graph, recorded_profile
 from pootvk.plan.fused import REDUCE_LANES, reduce_lanes
 from tests.random_graphs import rms_norm

@@ -1,9 +1,9 @@
 import pytest
 
-from pootvk.compile import compile_graph
 from pootvk.errors import AttentionLds, DtypeLowering, GridLimit, UnsupportedPrimitive
 from pootvk.ir import F16
 from pootvk.ops import Builder, trace_attention, trace_decode_step
+from pootvk.passes import compile_graph
 from pootvk.plan import (
     AttentionRequest,
     DecodeRequest,
@@ -121,7 +121,7 @@ def test_typed_refusals():
 # POOTVK_DEBUG=1 logs. Any change to planning (kernels, bindings, buffers, arena layout) or
 # to the printing shows up here as a diff to review.
 GOLDEN_PLAN = """\
-plan for llvmpipe (LLVM 15.0.6, 256 bits): 4 kernel(s), arena peak 128 bytes
+plan for llvmpipe (LLVM 15.0.6, 256 bits): 4 kernel(s), arena peak 128 bytes for 128 bytes of intermediates (colouring saves 0 bytes, 0%)
   k0 [eqn 0] DynamicUpdateSlice -> f32[1,2,32,16] threads=32 wg=64 grid=1x1
        binds x1=in:k_new x4=in:pos y->state:k_cache
   k1 [eqn 1] DynamicUpdateSlice -> f32[1,2,32,16] threads=32 wg=64 grid=1x1

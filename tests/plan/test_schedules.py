@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from pootvk.cli import main
-from pootvk.compile import compile_graph
 from pootvk.errors import BindingRange, DtypeLowering
 from pootvk.ir import BF16, F16, F32
 from pootvk.ops import trace_attention
+from pootvk.passes import compile_graph
 from pootvk.plan import (
     AttentionRequest,
     DecodeCombineRequest,
@@ -106,3 +108,49 @@ def test_pootvk_plan_prints_the_choices(capsys):
     assert main(["plan", "--profile", "intel_arc_anv", "--shape", "1,4,2,100,64",
                  "--kv-dtype", "float16"]) == 2
     assert "storageBuffer16BitAccess" in capsys.readouterr().err
+
+
+MLA = ["--shape", "1,128,1,32768,576", "--dv", "512", "--k-shared", "64"]  # DeepSeek-V3 decode
+
+
+@pytest.mark.parametrize("profile", ["nvidia_h200", "lavapipe"])
+def test_split_key_plan_builds_no_broadcast_key(capsys, profile):
+    """`pootvk plan` of the MLA decode shape: one attention kernel (+ its combine) reading k,
+    k_shared and v; no Concat/Broadcast kernel and no buffer of the whole key."""
+    assert main(["plan", "--profile", profile, *MLA, "--kv-dtype", "float16", "--verbose"]) == 0
+    out = capsys.readouterr().out
+    assert "(k 512 + k_shared 64) Dv=512" in out
+    kernels = [ln for ln in out.splitlines() if ln.startswith("  k")]
+    assert kernels and all(" attention" in ln or " combine" in ln for ln in kernels), kernels
+    assert "Broadcast" not in out and "Concat" not in out
+    buffers = dict(re.findall(r"^  (\S+)\s+\w+\s+(\d+) B$", out, re.M))
+    lk, item = 32768, 2
+    assert buffers["in:k"] == str(lk * 512 * item) and buffers["in:v"] == str(lk * 512 * item)
+    assert buffers["in:k_shared"] == str(lk * 64 * item)  # once, not once per head
+    assert str(lk * 576 * item) not in buffers.values()  # no whole-key buffer anywhere
+    assert f"K/V read: {lk * (512 + 64 + 512) * item} B" in out
+    assert "shared 64" in out  # the attention kernel is the split-key one
+    assert "split key (k_shared 64 wide, read once for every head)" in kernels[0]
+
+
+def test_split_key_mla_schedule_fits_the_registers_and_compiles():
+    """On the H200 the grouped MLA kernel keeps a lane's query + accumulator state within
+    2 * REG_FLOATS floats (wide heads: fewer rows per workgroup, 8-byte 16-bit loads), fills
+    the compute units with splits, and its source compiles with no private array."""
+    from pootvk.plan.decode_schedule import REG_FLOATS
+    from pootvk.shaders.compiler import compile_glsl
+    from pootvk.shaders.generate import generate
+    from tests.shaders.test_generated import PRIVATE_ARRAY
+
+    g = trace_attention((1, 128, 1, 576), (1, 1, 32768, 512), (1, 1, 32768, 512),
+                        kv_dtype=F16, k_shared_shape=(1, 1, 32768, 64))
+    prof = recorded_profile("nvidia_h200")
+    p = plan_graph(compile_graph(g), prof)
+    r = p.kernels[0].request
+    assert isinstance(r, DecodeRequest) and r.dk_shared == 64
+    assert r.rows_per_wg * (576 + 512) <= 2 * REG_FLOATS * r.lanes_per_key
+    assert r.workgroups >= prof.compute_units
+    assert r.kv_bytes == 32768 * (512 + 64 + 512) * 2
+    src = generate(r)
+    assert "ks[ksb0" in src and not PRIVATE_ARRAY.findall(src)
+    assert compile_glsl(src)

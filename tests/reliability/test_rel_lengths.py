@@ -12,8 +12,8 @@ from dataclasses import replace
 import numpy as np
 
 import pootvk
-from pootvk.compile import compile_graph
 from pootvk.ops import trace_attention
+from pootvk.passes import compile_graph
 from pootvk.plan import DecodeCombineRequest, plan_graph, recorded_profile
 from pootvk.shaders import compiler
 from pootvk.shaders.generate import generate

@@ -4,13 +4,15 @@ import re
 import shutil
 import subprocess
 
-from pootvk.compile import canonicalize, compile_graph, gate_state_writes
 from pootvk.ir import BF16, F16, F32, PRIMS, shape_rules
+from pootvk.llm import LlamaConfig, trace_llama
 from pootvk.ops import Builder, trace_attention, trace_decode_step
 from pootvk.oracle import eval_rules
+from pootvk.passes import canonicalize, compile_graph, gate_state_writes
 from pootvk.plan import forced_schedule, plan_graph, plan_rules, recorded_profile, recorded_profiles
 from pootvk.shaders.compiler import compile_glsl
 from pootvk.shaders.generate import generate
+from pootvk.shaders.matmul import KERNEL_PRIMS
 from pootvk.shaders.prims import glsl_rules
 from pootvk.shaders.readbw import generate_read
 from tests.random_graphs import rms_norm, swiglu
@@ -28,7 +30,17 @@ def graphs():
     yield trace_attention((3, 4, 1, 128), (3, 4, 1000, 128), (3, 4, 1000, 64))
     yield trace_decode_step(2, 8, 2, 64, 300, live=True, alibi=True)  # live + additive mask
     yield trace_attention((2, 4, 1, 40), (2, 1, 113, 40), (2, 1, 113, 40), lengths=True)
-    yield FUSED_CHAINS
+    # the test model: Gather of 16-bit and F32 rows, RMSNorm, RoPE, SwiGLU, F16 -> F32
+    for dt in ("float32", "float16"):
+        yield trace_llama(LlamaConfig(layers=1, q_heads=2, kv_heads=1, head_dim=8, hidden=16,
+                                      intermediate=32, vocab=10, capacity=8, weight_dtype=dt))
+    # split key (latent attention): k 64 wide + k_shared 32, GQA over two KV heads
+    yield trace_attention((2, 8, 1, 96), (2, 2, 300, 64), (2, 2, 300, 64),
+                          k_shared_shape=(2, 1, 300, 32))
+    yield trace_attention((2, 8, 1, 96), (2, 2, 300, 64), (2, 2, 300, 64),
+                          k_shared_shape=(2, 1, 300, 32), lengths=True)  # split + live
+    yield matmul_graph()
+    yield fused_chains()
 
 
 def fused_chains():
@@ -42,14 +54,31 @@ def fused_chains():
     return b.build()
 
 
-FUSED_CHAINS = fused_chains()
+def matmul_graph():
+    """Every matmul kernel: GEMV on both weight layouts (F16, BF16), the GEMM (F32, F16)."""
+    b = Builder()
+    x1, x64 = b.input("x1", (2, 96)), b.input("x64", (64, 96))
+    w16 = b.param("w16", (96, 40), F16)
+    wbt = b.param("wbt", (40, 96), BF16)
+    wt = b.transpose(b.convert(wbt, F32), (1, 0))
+    b.export("n", b.matmul(x1, b.convert(w16, F32)))
+    b.export("t", b.matmul(x1, wt))
+    b.export("g", b.matmul(x64, b.convert(w16, F32)))
+    b.export("f", b.matmul(x64, b.param("w32", (96, 40))))
+    for dt in (F16, BF16):  # all-16-bit matmuls: a and y 16-bit too (GEMV_N and GEMM)
+        w = b.param(f"w{dt.value}", (96, 40), dt)
+        for rows in (2, 64):
+            b.export(f"h{dt.value}{rows}", b.matmul(b.input(f"x{dt.value}{rows}", (rows, 96), dt),
+                                                    w))
+    return b.build()
 
 
 def all_sources():
     for g in graphs():
+        has16 = any(s.var.dtype in (F16, BF16) for s in g.slots)
         for prof in recorded_profiles().values():
-            if g is FUSED_CHAINS and not prof.extra.get("storage_buffer_16bit"):
-                continue  # 16-bit storage: refused there (DtypeLowering), tested elsewhere
+            if has16 and not prof.extra.get("storage_buffer_16bit"):
+                continue  # refused with DtypeLowering (tests/plan covers the refusal)
             # fused and primitive forms (state writes gated on the guards, as compiled)
             for compiled in (compile_graph(g), gate_state_writes(canonicalize(g))):
                 for k in plan_graph(compiled, prof).kernels:
@@ -63,8 +92,9 @@ SOURCES = sorted(set(all_sources()))
 def test_every_primitive_has_a_rule_in_every_stage():
     for p in PRIMS.values():
         assert p in shape_rules and p in eval_rules and p in plan_rules, p
-        assert p.fused or p in glsl_rules, p
-    assert set(glsl_rules) == {p for p in PRIMS.values() if not p.fused}
+        assert p.fused or p in glsl_rules or p in KERNEL_PRIMS, p
+    assert set(glsl_rules) == {
+        p for p in PRIMS.values() if not p.fused and p not in KERNEL_PRIMS}
     assert len(SOURCES) > 40
 
 

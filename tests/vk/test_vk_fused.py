@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from pootvk.compile import compile_graph
 from pootvk.ir import BF16, F16, F32, I32
 from pootvk.ir.fused import FUSED, FUSED_REDUCE, FUSED_ROW
 from pootvk.ops import Builder
 from pootvk.oracle import evaluate
+from pootvk.passes import compile_graph
 from pootvk.plan import FusedReduceRequest, plan_graph
 from tests.helpers import assert_close, examples, random_inputs
 from tests.random_graphs import elementwise_graphs, rms_norm, swiglu

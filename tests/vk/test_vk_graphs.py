@@ -6,12 +6,12 @@ graphs without attention against the oracle."""
 import numpy as np
 import pytest
 
-from pootvk.compile import canonicalize, compile_graph
 from pootvk.errors import BindError, SlotRangeError
 from pootvk.ir import F32, I32, SlotKind
 from pootvk.ir import prims as P
 from pootvk.ops import Builder, trace_attention, trace_decode_step
 from pootvk.oracle import evaluate
+from pootvk.passes import canonicalize, compile_graph
 from pootvk.plan import plan_graph
 from pootvk.runtime.replay import Replay
 from pootvk.shaders.generate import compile_plan

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 import pootvk
-from pootvk.compile import canonicalize, compile_graph
 from pootvk.errors import BindError, DtypeLowering
 from pootvk.ir import BF16, F16
 from pootvk.ir import prims as P
 from pootvk.ops import trace_attention
+from pootvk.passes import canonicalize, compile_graph
 from pootvk.plan import DecodeRequest, forced_schedule, plan_graph, recorded_profile
 from pootvk.runtime.replay import Replay
 from pootvk.shaders.generate import compile_plan

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 import pootvk
-from pootvk.compile import canonicalize, compile_graph
 from pootvk.errors import DtypeLowering, GuardFailed
 from pootvk.ir import F16, F32, I32
 from pootvk.ir import prims as P
 from pootvk.llm import DecodeLoop
 from pootvk.ops import Builder, attention_live
 from pootvk.oracle import evaluate
+from pootvk.passes import canonicalize, compile_graph
 from pootvk.plan import FusedRequest, forced_schedule, plan_graph
 from pootvk.runtime.replay import Replay
 from pootvk.shaders.generate import compile_plan
@@ -110,7 +110,7 @@ def test_a_failed_guard_leaves_the_kv_state_unchanged(device, fused, kv):
     g = _guarded_step(kv=kv)
     cg = compile_graph(g)
     if not fused:  # the same gating, over the primitive chain
-        from pootvk.compile import gate_state_writes
+        from pootvk.passes import gate_state_writes
         cg = gate_state_writes(canonicalize(g))
     assert cg.count(P.ATTENTION) == (1 if fused else 0)
     dus = [e for e in cg.eqns if e.prim is P.DYNAMIC_UPDATE_SLICE]

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pootvk.compile import compile_graph
 from pootvk.ops import trace_attention
+from pootvk.passes import compile_graph
 from pootvk.plan import DecodeRequest, forced_schedule, plan_graph, recorded_profile
 from pootvk.runtime.replay import Replay
 from pootvk.shaders.generate import compile_plan

@@ -5,13 +5,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from pootvk.compile import canonicalize, compile_graph, fuse
 from pootvk.errors import ShapeError
 from pootvk.ir import F16, F32, Params, Var, check_graph
 from pootvk.ir import prims as P
 from pootvk.ir.fused import ELEMENTWISE, FUSED, FUSED_REDUCE, FUSED_ROW, FusedBody, Node, type_body
 from pootvk.ops import Builder, trace_decode_step
 from pootvk.oracle import evaluate
+from pootvk.passes import canonicalize, compile_graph, fuse
 from pootvk.plan import plan_graph, recorded_profile
 from tests.helpers import random_inputs
 from tests.random_graphs import elementwise_graphs, rms_norm, swiglu

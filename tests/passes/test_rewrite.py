@@ -1,12 +1,20 @@
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pootvk.compile import attention_rewrite, canonicalize, compile_graph
-from pootvk.ir import F16, F32, MaskKind
+from pootvk.ir import BF16, F16, F32, KeyLayout, MaskKind
 from pootvk.ir import prims as P
-from pootvk.ops import Builder, attention_core, softmax, trace_attention, trace_decode_step
+from pootvk.ops import (
+    Builder,
+    attention_core,
+    repeat_kv,
+    softmax,
+    trace_attention,
+    trace_decode_step,
+)
 from pootvk.oracle import evaluate
+from pootvk.passes import attention_rewrite, canonicalize, compile_graph
 from tests.helpers import random_inputs
 
 GOLDEN = """\
@@ -91,7 +99,8 @@ def test_unsupported_variants_keep_their_primitives():
               _chain(mask_rank3=True)):
         c = compile_graph(g)
         assert c.count(P.ATTENTION) == 0
-        assert c.count(P.MATMUL) == 2
+        # both matmuls stay; q @ Transpose(k) runs as a Linear reading k untransposed
+        assert c.count(P.MATMUL) + c.count(P.LINEAR) == 2
         ins = random_inputs(g, np.random.default_rng(0))
         assert same(evaluate(g, ins), evaluate(c, ins))
     assert compile_graph(_chain()).count(P.ATTENTION) == 1
@@ -128,3 +137,90 @@ def test_attention_core_scale_default():
     q = b.input("q", (1, 1, 1, 4))
     b.export("out", attention_core(b, q, q, q, scale=2.0))
     assert compile_graph(b.build()).eqns[0].params["form"].scale == 2.0  # explicit wins
+
+
+# --- split keys (latent attention) ----------------------------------------------------------
+
+
+def _split_chain(hkv=2, kv=F32, shared=(2, 1, 7, 4), convert_parts=False, math=F32):
+    """q [2,4,1,12] against concat(k [2,hkv,7,8], broadcast(k_shared)) on the last axis.
+    ``math`` F16: the whole chain in F16 (no Convert), which the op cannot type."""
+    b = Builder()
+    q = b.input("q", (2, 4, 1, 12), math)
+    k = b.input("k", (2, hkv, 7, 8), kv)
+    ks = b.input("k_shared", shared, kv)
+    v = b.input("v", (2, hkv, 7, 6), kv)
+    if convert_parts:  # each part converted before the concat (instead of the whole key)
+        k, ks, v = (b.convert(x, F32) for x in (k, ks, v))
+    key = b.concat([k, b.broadcast(ks, (2, hkv, 7, 4))], axis=3)
+    if math is F32:
+        b.export("out", attention_core(b, q, key, v))
+    else:
+        s = b.mul(b.matmul(q, b.transpose(repeat_kv(b, key, 4 // hkv), (0, 1, 3, 2))), 0.5)
+        b.export("out", b.matmul(softmax(b, s), repeat_kv(b, v, 4 // hkv)))
+    return b.build()
+
+
+@pytest.mark.parametrize("hkv", [1, 2])  # Hkv=1: canonicalize drops the identity broadcast
+@pytest.mark.parametrize("kv", [F32, F16, BF16])
+@pytest.mark.parametrize("convert_parts", [False, True])
+def test_split_key_is_recognised_and_the_broadcast_key_never_built(hkv, kv, convert_parts):
+    if convert_parts and kv is F32:
+        return
+    g = _split_chain(hkv, kv, convert_parts=convert_parts)
+    c = compile_graph(g)
+    assert [e.prim for e in c.eqns] == [P.ATTENTION], str(c)  # no Concat, no Broadcast
+    e = c.eqns[0]
+    form = e.params["form"]
+    assert form.keys is KeyLayout.SPLIT and form.shared_width == 4 and form.kv_dtype is kv
+    assert [x.shape for x in e.inputs] == [(2, 4, 1, 12), (2, hkv, 7, 8), (2, hkv, 7, 6),
+                                           (2, 1, 7, 4)]
+    assert e.inputs[1] is g.slot("k").var and e.inputs[3] is g.slot("k_shared").var
+    assert form.scale == pytest.approx(12 ** -0.5, rel=1e-12)  # 1/sqrt(Dk), the whole key
+    ins = random_inputs(g, np.random.default_rng(hkv))
+    assert same(evaluate(g, ins), evaluate(c, ins))
+
+
+def test_split_key_the_op_cannot_type_is_not_fused_as_split():
+    # k_shared broadcast over the batch too ([1,1,Lk,s]): not a split key the op types; the
+    # key is built by its primitives and the rest fuses as dense attention
+    g = _split_chain(shared=(1, 1, 7, 4))
+    c = compile_graph(g)
+    assert c.count(P.ATTENTION) == 1 and c.count(P.CONCAT) == 1 and c.count(P.BROADCAST) == 1
+    assert c.eqns[-1].params["form"].keys is KeyLayout.DENSE
+    ins = random_inputs(g, np.random.default_rng(0))
+    assert same(evaluate(g, ins), evaluate(c, ins))
+    # a chain whose split key the op types but whose query it cannot (F16 q): primitives
+    g = _split_chain(kv=F16, math=F16)
+    c = compile_graph(g)
+    assert c.count(P.ATTENTION) == 0 and c.count(P.MATMUL) == 2 and c.count(P.CONCAT) == 1
+    ins = random_inputs(g, np.random.default_rng(1))
+    assert same(evaluate(g, ins), evaluate(c, ins))
+
+
+def test_split_key_form_is_validated():
+    from pootvk.errors import ShapeError
+    from pootvk.ir import AttentionForm, attention_operands
+
+    with pytest.raises(ShapeError, match="split key needs s >= 1"):
+        AttentionForm(scale=1.0, keys=KeyLayout.SPLIT)
+    with pytest.raises(ShapeError, match="shared_width=3"):
+        AttentionForm(scale=1.0, shared_width=3)
+    form = AttentionForm(scale=1.0, keys=KeyLayout.SPLIT, shared_width=4)
+    assert form.roles == ("q", "k", "v", "k_shared") and "keys=split[4]" in form.describe()
+    with pytest.raises(ShapeError, match="takes 4 operands"):
+        attention_operands(form, (1, 2, 3))
+
+
+def test_split_key_with_a_live_length_fuses_both():
+    g = trace_attention((2, 4, 1, 12), (2, 2, 7, 8), (2, 2, 7, 6), k_shared_shape=(2, 1, 7, 4),
+                        lengths=True, kv_dtype=F16)
+    c = compile_graph(g)
+    (att,) = [e for e in c.eqns if e.prim is P.ATTENTION]
+    form = att.params["form"]
+    assert form.live and form.keys is KeyLayout.SPLIT and form.kv_dtype is F16
+    assert form.roles == ("q", "k", "v", "len", "k_shared")
+    assert c.count(P.CONCAT) == 0 and c.count(P.BROADCAST) == 0
+    ins = random_inputs(g, np.random.default_rng(3))
+    ins["lengths"] = np.array([3, 7], np.int32)
+    assert same(evaluate(g, ins), evaluate(c, ins))

@@ -8,12 +8,17 @@ Matched (after canonicalization), from the output back:
 where ``rep`` is the GQA repeat (Reshape -> Broadcast -> Reshape, or nothing). The live form
 (``ops.attention_live``) adds ``Select(t < len, s, -inf)`` around the scores and
 ``Select(t < len, k|v, 0)`` on the K/V rows before the repeat; it fuses to a form with
-``live`` and the ``len [B]`` operand only when value ranges (``compile.ranges``) prove
+``live`` and the ``len [B]`` operand only when value ranges (``passes.ranges``) prove
 ``1 <= len <= Lk``, else the chain stays primitive (same answer). The fused eqn
 reuses the chain's output Var, so nothing downstream is renamed. A chain is left alone when
 it cannot be typed as Attention (rank, batch broadcast, mask shape, non-literal scale), is
 not F32 (the generated kernel is F32 only), or when one of its scores intermediates is used
 outside the chain or observed (fusing would compute it twice).
+
+A key built as ``concat(k_nope, broadcast(k_shared))`` on its last axis (``ops.split_key``,
+k_shared [B, 1, Lk, s]) becomes the split-key form: the two parts are operands and the
+broadcast key is never built. A split the op cannot type falls back to the dense form (the
+key materialised by its primitives), and a chain neither form types keeps its primitives.
 """
 
 from __future__ import annotations
@@ -29,8 +34,10 @@ from ..ir import (
     F32,
     I32,
     AttentionForm,
+    DType,
     Eqn,
     Graph,
+    KeyLayout,
     Literal,
     MaskKind,
     Params,
@@ -47,6 +54,7 @@ from ..ir.prims import (
     ATTENTION,
     BROADCAST,
     COMPARE,
+    CONCAT,
     CONVERT,
     DIV,
     IOTA,
@@ -216,13 +224,7 @@ def _match(ctx: _Ctx, mm: Eqn) -> tuple[Eqn, list[Eqn]] | None:
         rng = ctx.ranges.get(length)
         if rng is None or not 1 <= rng[0] <= rng[1] <= lk:
             return None
-    # 16-bit K/V: Convert(k16 -> F32) feeding the chain folds into the form's storage dtype
-    kv_dtype = F32
-    ck, cv = _eq(ctx, k, CONVERT, dtype=F32), _eq(ctx, v, CONVERT, dtype=F32)
-    k16 = ck.inputs[0].dtype if ck else None
-    if ck and cv and k16 in (F16, BF16) and cv.inputs[0].dtype is k16:
-        k, v, kv_dtype = ck.inputs[0], cv.inputs[0], ck.inputs[0].dtype
-    if n_rep != n_rep_v or q.dtype is not F32 or any(x.dtype is not kv_dtype for x in (k, v)):
+    if n_rep != n_rep_v or q.dtype is not F32:
         return None
     if mask is not None and (mask.dtype is not F32 or mask.ndim != 4):
         return None
@@ -236,23 +238,81 @@ def _match(ctx: _Ctx, mm: Eqn) -> tuple[Eqn, list[Eqn]] | None:
         if e.out in ctx.observed or any(id(ctx.g.eqns[u]) not in members for u in users):
             return None
 
+    # A split key first (its parts as operands), else the key as one dense operand; each
+    # with its K/V storage dtype resolved. The first form the op types wins; none: the
+    # chain keeps its primitives.
+    split = _split_key(ctx, k)
+    for key in ([split] if split else []) + [[k]]:
+        stored = _storage(ctx, [*key, v])
+        if stored is None:
+            continue
+        kv_dtype, (*key_ops, v_op) = stored
+        fused = _fused(q, key_ops, v_op, mask, length, mm, float(scale), softcap, n_rep,
+                       kv_dtype)
+        if fused is not None:
+            return fused, chain
+    return None
+
+
+def _peel_convert(ctx: _Ctx, x: Var) -> Var | None:
+    """The 16-bit source of Convert(x16 -> F32), or None."""
+    c = _eq(ctx, x, CONVERT, dtype=F32)
+    return c.inputs[0] if c is not None and c.inputs[0].dtype in (F16, BF16) else None
+
+
+def _split_key(ctx: _Ctx, k: Var) -> list[Var] | None:
+    """[k_nope, k_shared] when the key is concat(k_nope, broadcast(k_shared)) on its last axis
+    with k_shared [B, 1, Lk, s] (the broadcast is gone when Hkv == 1: canonicalize drops an
+    identity broadcast), possibly under a Convert to F32; else None."""
+    if k.ndim != 4:
+        return None
+    b, _, lk, _ = k.shape
+    peeled = _peel_convert(ctx, k)
+    for cand in (k, peeled) if peeled is not None else (k,):
+        cat = _eq(ctx, cand, CONCAT, axis=3)
+        if cat is None or len(cat.inputs) != 2:
+            continue
+        nope, shared = cat.inputs
+        for part in (shared, _peel_convert(ctx, shared)):
+            bc = part is not None and _eq(ctx, part, BROADCAST)
+            src = bc.inputs[0] if bc else part
+            if src is not None and src.shape == (b, 1, lk, shared.shape[3]):
+                return [nope, src]
+    return None
+
+
+def _storage(ctx: _Ctx, xs: list[Var]) -> tuple[DType, list[Var]] | None:
+    """The K/V operands as stored: all 16-bit of one dtype (a Convert(x16 -> F32) feeding the
+    chain folds into the form's storage dtype, the kernel reads them 16-bit), else all F32
+    as they are; None when neither holds."""
+    for dt in (F16, BF16):
+        stored = [x if x.dtype is dt else _peel_convert(ctx, x) for x in xs]
+        if all(x is not None and x.dtype is dt for x in stored):
+            return dt, stored  # type: ignore[return-value]
+    return (F32, xs) if all(x.dtype is F32 for x in xs) else None
+
+
+def _fused(q: Var, key: list[Var], v: Var, mask: Var | None, length: Var | None, mm: Eqn,
+           scale: float, softcap: float | None, n_rep: int, kv_dtype: DType) -> Eqn | None:
+    """The Attention eqn over these operands, if the op types it to the chain's output."""
+    split = len(key) == 2
     form = AttentionForm(
-        scale=float(scale), softcap=softcap, n_rep=n_rep,
+        scale=scale, softcap=softcap, n_rep=n_rep,
         mask=MaskKind.NONE if mask is None else MaskKind.ADDITIVE,
         mask_bcast=None if mask is None else mask_bcast(mask.shape), kv_dtype=kv_dtype,
-        live=length is not None,
+        keys=KeyLayout.SPLIT if split else KeyLayout.DENSE,
+        shared_width=key[1].shape[3] if split else 0, live=length is not None,
     )
+    by_role = {"q": q, "k": key[0], "v": v, "mask": mask, "len": length, "k_shared": key[-1]}
+    ins = tuple(by_role[r] for r in form.roles)
     params = Params(form=form)
-    ins = (q, k, v) if mask is None else (q, k, v, mask)
-    if length is not None:
-        ins += (length,)
     try:
         avals = type_eqn(ATTENTION, ins, params)
     except PootvkError:
         return None
     if avals != [(mm.out.shape, mm.out.dtype)]:
         return None
-    return Eqn(ATTENTION, ins, mm.outputs, params), chain
+    return Eqn(ATTENTION, ins, mm.outputs, params)
 
 
 def attention_rewrite(g: Graph) -> Graph:

@@ -7,13 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pootvk.compile import compile_graph, gate_state_writes, value_ranges
 from pootvk.errors import UnsupportedPrimitive
 from pootvk.ir import F16, F32, I32, SlotKind, new_eqn
 from pootvk.ir import prims as P
 from pootvk.ops import Builder, attention_live, trace_attention, trace_decode_step
 from pootvk.ops.attention import _attend  # the chain of attention_live without its guard
 from pootvk.oracle import evaluate
+from pootvk.passes import compile_graph, gate_state_writes, value_ranges
 from pootvk.plan import plan_graph, recorded_profile
 from tests.helpers import random_inputs
 

@@ -1,0 +1,122 @@
+"""``pootvk.compile(graph) -> Program``: a user's traced graph, recorded once, run per call.
+
+A Program owns one Replay (compiled, planned, generated, recorded at construction). A call
+binds its keyword arrays by slot kind: params (weights) are written once and stay on the
+device until given again; states are donated: the device holds them between calls, each
+call updates them in place, and a state given as a keyword replaces the held value; every
+per-step slot (inputs, positions, token ids) must be given on every call. It returns the
+graph's exports as numpy arrays. Nothing is re-recorded between calls.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from ..errors import BindError, Closed
+from ..ir import Graph, SlotKind
+from ..ir.bind import check_bind
+from ..plan import Plan
+from ..vk import Device
+from . import build_replay, resolve_device
+
+
+class Program:
+    """A compiled graph on one device. Call it with keyword arrays; close it (or use it as a
+    context manager) to free its buffers; the garbage collector frees it otherwise. Calls
+    from several threads run one at a time (a call's binds and its step are not split)."""
+
+    def __init__(self, graph: Graph, device: Device | int | str | None = None, *,
+                 timestamps: bool = False) -> None:
+        self.graph = graph
+        self.device = resolve_device(device)
+        self._replay = build_replay(graph, self.device, timestamps=timestamps)
+        kinds = {s.name: s.kind for s in graph.slots if s.kind.bound}
+        self._params = {n for n, k in kinds.items() if k is SlotKind.PARAM}
+        self._states = {n for n, k in kinds.items() if k is SlotKind.STATE}
+        self._per_step = {n for n, k in kinds.items() if k.per_step}
+        self._unset = set(self._params)  # params not bound yet
+        self._lock = threading.Lock()  # a call's binds and its step, one caller at a time
+
+    @property
+    def plan(self) -> Plan:
+        """The plan: ``print(program.plan)`` lists every kernel, buffer and arena slot."""
+        return self._replay.plan
+
+    @property
+    def recordings(self) -> int:
+        """Command-buffer recordings made (1: recorded once, replayed every call)."""
+        return self._replay.recordings
+
+    @property
+    def closed(self) -> bool:
+        return self._replay.closed
+
+    def __call__(self, **inputs: object) -> dict[str, np.ndarray]:
+        """Bind ``inputs`` (params and states optional, per-step slots required), run the
+        recording once, return the exports. A refused value raises a typed error before
+        anything is written."""
+        with self._lock:
+            return self._call(inputs)
+
+    def _call(self, inputs: dict[str, object]) -> dict[str, np.ndarray]:
+        if self._replay.closed:
+            raise Closed("Program")
+        unknown = set(inputs) - self._params - self._states - self._per_step
+        if unknown:
+            name = sorted(unknown)[0]
+            raise BindError(name, sorted(self._params | self._states | self._per_step), name,
+                            "slot name (one of)")
+        missing = (self._unset - set(inputs)) | (self._per_step - set(inputs))
+        if missing:
+            name = sorted(missing)[0]
+            raise BindError(name, self.graph.slot(name).var.aval(), "nothing", "a value of")
+        params = {n: inputs[n] for n in self._params & set(inputs)}
+        states = self._states & set(inputs)
+        if params or states:  # everything checked before the first byte is written
+            check_bind(self.graph, inputs, only=set(inputs))
+        if params:
+            self._replay.set_params(params)
+            self._unset -= set(params)
+        for n in states:
+            self._replay.set_state(n, inputs[n])
+        return self._replay.step({n: inputs[n] for n in self._per_step})
+
+    def set_params(self, **params: object) -> None:
+        """Write weights without running (a call may also pass them)."""
+        with self._lock:
+            self._replay.set_params(params)
+            self._unset -= set(params)
+
+    def set_state(self, name: str, value: object) -> None:
+        """Replace a state's value on the device (a new sequence: zeroed caches)."""
+        self._replay.set_state(name, value)
+
+    def state(self, name: str) -> np.ndarray:
+        """A state's current value, read back from the device."""
+        return self._replay.read_state(name)
+
+    def gpu_time_ns(self) -> float | None:
+        """GPU time of the last call (``timestamps=True``)."""
+        return self._replay.gpu_time_ns()
+
+    def rerecord(self) -> None:
+        """Record the command buffer again (the benchmark's record-every-step baseline)."""
+        self._replay.rerecord()
+
+    def close(self) -> None:
+        self._replay.close()
+
+    def __enter__(self) -> Program:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def compile_program(graph: Graph, device: Device | int | str | None = None, *,
+                    timestamps: bool = False) -> Program:
+    """Compile, plan and record ``graph`` for ``device`` (None: the default device);
+    exported as ``pootvk.compile``."""
+    return Program(graph, device, timestamps=timestamps)

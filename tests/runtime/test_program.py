@@ -1,0 +1,98 @@
+"""pootvk.compile(graph) -> Program: params written once, states kept on the device between
+calls, exports returned; typed refusals before anything runs; close and context manager."""
+
+import numpy as np
+import pytest
+
+import pootvk
+from pootvk.errors import BindError, Closed, SlotRangeError
+from pootvk.ops import Builder
+
+
+def counter_graph():
+    """acc' = acc + x * w; exports y = acc' and the row of a table at the token id."""
+    b = Builder()
+    x = b.input("x", (4,))
+    w = b.param("w", (4,))
+    acc = b.state("acc", (4,))
+    new = b.add(acc, b.mul(x, w))
+    b.set_state("acc", new)
+    b.export("y", new)
+    b.export("row", b.gather(b.param("table", (3, 2)), b.tokens("tok", (), 3)))
+    return b.build()
+
+
+def test_compile_is_the_function_and_passes_the_subpackage():
+    import pootvk.passes
+
+    assert callable(pootvk.compile) and pootvk.passes.compile_graph is not pootvk.compile
+
+
+def test_state_stays_on_the_device_and_params_persist(device):
+    table = np.arange(6, dtype=np.float32).reshape(3, 2)
+    w = np.array([1, 2, 3, 4], np.float32)
+    with pootvk.compile(counter_graph(), device) as prog:
+        x = np.ones(4, np.float32)
+        out = prog(x=x, w=w, table=table, tok=np.int32(2))
+        np.testing.assert_array_equal(out["y"], w)
+        np.testing.assert_array_equal(out["row"], [4, 5])
+        assert set(out) == {"y", "row"}
+        for i in range(2, 5):  # params not given again: still bound; the state accumulates
+            out = prog(x=x, tok=np.int32(0))
+            np.testing.assert_array_equal(out["y"], i * w)
+        np.testing.assert_array_equal(prog.state("acc"), 4 * w)
+        out = prog(x=x, acc=np.zeros(4, np.float32), w=2 * w, tok=np.int32(1))  # replaced
+        np.testing.assert_array_equal(out["y"], 2 * w)
+        np.testing.assert_array_equal(out["row"], [2, 3])
+        assert prog.recordings == 1
+        assert "colouring saves" in str(prog.plan)
+
+
+def test_refusals_are_typed_and_write_nothing(device):
+    prog = pootvk.compile(counter_graph(), device)
+    x = np.ones(4, np.float32)
+    table = np.zeros((3, 2), np.float32)
+    w = np.ones(4, np.float32)
+    with pytest.raises(BindError, match="'table'"):  # a param never bound
+        prog(x=x, w=w, tok=np.int32(0))
+    with pytest.raises(BindError, match="'x'"):  # a per-step input missing
+        prog(w=w, table=table, tok=np.int32(0))
+    with pytest.raises(BindError, match="nope"):
+        prog(x=x, w=w, table=table, tok=np.int32(0), nope=x)
+    with pytest.raises(SlotRangeError):
+        prog(x=x, w=w, table=table, tok=np.int32(3))
+    np.testing.assert_array_equal(prog.state("acc"), np.zeros(4))  # nothing ran
+    with pytest.raises(BindError, match="'w'"):  # and the refused call bound no param
+        prog(x=x, table=table, tok=np.int32(0))
+    prog.close()
+    with pytest.raises(Closed):
+        prog(x=x, w=w, table=table, tok=np.int32(0))
+    assert prog.closed
+
+
+def test_rerecord_gives_the_same_answers(device):
+    """The benchmark's record-every-step baseline computes what the replay computes."""
+    table = np.arange(6, dtype=np.float32).reshape(3, 2)
+    w = np.array([1, 2, 3, 4], np.float32)
+    with pootvk.compile(counter_graph(), device) as prog:
+        prog.set_params(w=w, table=table)
+        for i in range(1, 4):
+            prog.rerecord()
+            out = prog(x=np.ones(4, np.float32), tok=np.int32(i - 1))
+            np.testing.assert_array_equal(out["y"], i * w)
+            np.testing.assert_array_equal(out["row"], table[i - 1])
+        assert prog.recordings == 4
+
+
+def test_model_decode_bench_quick(capsys, device):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "model_decode.py"
+    spec = importlib.util.spec_from_file_location("model_decode", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--quick", "--steps", "3", "--warmup", "1", "--check", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "check: 2 steps vs the oracle" in out
+    assert "replay" in out and "rerecord" in out and "host time per token" in out
