@@ -267,3 +267,34 @@ def test_an_iota_is_a_folded_constant_and_layers_share_one_mask():
     for p in (0, 9):
         ins = random_inputs(g, np.random.default_rng(p), pos=p)
         assert same(evaluate(g, ins), evaluate(c, ins))
+
+
+def test_the_llama_test_model_runs_every_norm_as_one_row_kernel():
+    """Every RMSNorm (two per layer and the final one) is one FusedRow and every SwiGLU
+    product one Fused kernel; no Reduce and no Unary kernel is left, and the oracle's
+    answer is kept bit for bit."""
+    from pootvk.llm import LlamaConfig, trace_llama
+
+    layers = 2
+    g = trace_llama(LlamaConfig(layers=layers, q_heads=2, kv_heads=1, head_dim=8, hidden=16,
+                                intermediate=32, vocab=10, capacity=8))
+    c = compile_graph(g)
+    assert c.count(FUSED_ROW) == 2 * layers + 1
+    assert c.count(P.REDUCE) == c.count(FUSED_REDUCE) == c.count(P.UNARY) == 0
+    silu = [e for e in c.eqns if e.prim is FUSED and "Silu" in str(e.params["body"])]
+    assert len(silu) == layers
+    before = len(plan_graph(fuse_free(g), LAVAPIPE).kernels)
+    assert len(plan_graph(c, LAVAPIPE).kernels) <= before - 10 * layers
+    for p in (0, 3):
+        ins = random_inputs(g, np.random.default_rng(p), pos=p)
+        assert same(evaluate(g, ins), evaluate(c, ins))
+
+
+def fuse_free(g):
+    """The compile pipeline without its last pass (fuse)."""
+    from pootvk.passes import PASSES
+
+    assert PASSES[-1] is fuse
+    for p in PASSES[:-1]:
+        g = p(g)
+    return g
