@@ -150,6 +150,8 @@ def kernel_summary(req: object) -> str:
         FusedReduceRequest,
         FusedRequest,
         PrimRequest,
+        ReduceRequest,
+        ScatterRequest,
     )
 
     if isinstance(req, DecodeRequest):
@@ -171,6 +173,8 @@ def kernel_summary(req: object) -> str:
     if isinstance(req, FusedReduceRequest):
         what = "row" if req.epilogue is not None else "reduce"
         return f"fused {what} ({req.op.value}): {req.rows} workgroups x {req.lanes} lanes"
+    if isinstance(req, ReduceRequest | ScatterRequest):
+        return f"{req.describe()}: {req.grid[0] * req.grid[1]} workgroups x {req.local_size}"
     return repr(req)
 
 

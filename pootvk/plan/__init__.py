@@ -13,6 +13,8 @@ from .requests import (
     FusedRequest,
     LiteralOperand,
     PrimRequest,
+    ReduceRequest,
+    ScatterRequest,
     fold_grid,
 )
 from .rules import KernelCall, KernelRequest, PlanContext, RuleResult, plan_rules
@@ -25,6 +27,7 @@ __all__ = [
     "Access", "AttentionRequest", "Binding", "BoundOperand", "BufferRole", "BufferSpec",
     "DeviceProfile", "FusedReduceRequest", "FusedRequest", "Kernel", "KernelCall",
     "KernelRequest", "LiteralOperand", "Location",
-    "Plan", "PlanContext", "PrimRequest", "RuleResult", "Scratch", "choose_lanes",
+    "Plan", "PlanContext", "PrimRequest", "ReduceRequest", "RuleResult", "ScatterRequest",
+    "Scratch", "choose_lanes",
     "fold_grid", "plan_graph", "plan_rules", "recorded_profile", "recorded_profiles",
 ]

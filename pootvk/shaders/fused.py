@@ -19,24 +19,22 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-import numpy as np
-
 from ..ir import BF16, BOOL, F16, F32, I32, U32, DType, ReduceOp
 from ..ir import prims as P
 from ..ir.fused import FusedBody, Leaf, Node
 from ..plan.requests import FusedReduceRequest, FusedRequest
-from .common import declare_bindings, float_lit, group_id, header, strides
-from .prims import (
+from .common import (
     BF16_ROUND,
-    BINARY_EXPR,
-    CMP,
-    MINMAX,
-    UNARY_EXPR,
-    _from_f32,
-    _to_f32,
-    bcast_index,
-    decode_index,
+    declare_bindings,
+    float_lit,
+    from_f32,
+    group_id,
+    header,
+    literal,
+    strides,
+    to_f32,
 )
+from .prims import BINARY_EXPR, CMP, MINMAX, UNARY_EXPR, bcast_index, decode_index
 from .table import generators
 
 #: The register type a value of each dtype computes in.
@@ -61,7 +59,7 @@ def round_to(expr: str, dt: DType) -> str:
 def load(raw: str, dt: DType) -> str:
     """A stored element as its register value."""
     if dt in HALF:
-        return _to_f32(raw, dt)
+        return to_f32(raw, dt)
     if dt is BOOL:
         return f"({raw} != 0u)"
     return raw
@@ -70,23 +68,18 @@ def load(raw: str, dt: DType) -> str:
 def store(value: str, dt: DType) -> str:
     """A register value as the stored element of ``dt``."""
     if dt in HALF:
-        return _from_f32(value, dt)
+        return from_f32(value, dt)
     if dt is BOOL:
         return f"({value} ? 1u : 0u)"
     return value
 
 
 def literal_value(n: Node) -> str:
-    """A literal as the oracle binds it: ``np.asarray(value, dtype.numpy)`` (so an F16
-    literal is rounded to half; BF16 is held in F32 there, and here)."""
+    """A literal as the oracle binds it (a 16-bit one rounded to its type, then widened)."""
     v, dt = n.params["value"], n.dtype
     if dt is BOOL:
         return "true" if v else "false"
-    if dt is I32:
-        return f"int({int(v)})"
-    if dt is U32:
-        return f"{int(v)}u"
-    return float_lit(float(np.asarray(v, dtype=dt.numpy)))
+    return literal(v, dt)
 
 
 def _convert(a: str, src: DType, dst: DType) -> str:

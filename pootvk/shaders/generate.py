@@ -17,6 +17,8 @@ from . import (  # noqa: F401  (generators register)
     fused,
     matmul,
     prims,
+    reduce,
+    scatter,
 )
 from .compiler import compile_glsl
 from .table import generators
