@@ -3,15 +3,18 @@
 A body (``ir.fused.FusedBody``) becomes one named scalar per node, ``t0, t1, ...``, in
 registers: operand leaves read their buffer through their own broadcast strides at the
 output multi-index, every other node applies its primitive's expression from the unfused
-generators' tables (``shaders.prims``: ``BINARY_EXPR``, ``UNARY_EXPR``, ``CMP``, the 16-bit
-conversions), so a fused kernel computes what the chain of primitive kernels computes
-without storing the intermediates. Values compute in F32 (16-bit values are widened on load
-and rounded to their type after every node of that type, as a stored 16-bit intermediate
-would be), I32, U32 or bool; only the result is stored, in its storage type.
+generators' tables (``shaders.prims``: ``BINARY_EXPR``, ``UNARY_EXPR``, ``CMP``; the 16-bit
+conversions of ``shaders.common``), so a fused kernel computes what the chain of primitive
+kernels computes without storing the intermediates. Values compute in F32 (16-bit values
+are widened on load and rounded to their type after every node of that type, as a stored
+16-bit intermediate would be), I32, U32 or bool; only the result is stored, in its storage
+type.
 
-``FusedReduceRequest``: a workgroup per output element; each lane evaluates the body at
-elements ``lane, lane + LANES, ...`` of the reduced axis and folds them into a register, then
-the lanes' partials are combined by a shared-memory tree. No private arrays anywhere.
+``FusedReduceRequest``: a workgroup per reduced row; each lane evaluates the body at
+elements ``lane, lane + LANES, ...`` of the row and folds them into a register, then the
+lanes' partials are combined by a shared-memory tree. With an epilogue (``FusedRow``) the
+lanes walk the row again and store the epilogue per element, its row-invariant nodes
+computed once before that loop. No private arrays anywhere.
 """
 
 from __future__ import annotations
