@@ -4,7 +4,8 @@
 ``FusedReduce``: one workgroup per output element; its lane count is the reduced length
 rounded up to a power of two, at most ``REDUCE_LANES`` (and the device's workgroup limit),
 so a short axis does not leave most lanes idle and a long one is folded ``n / lanes``
-elements per lane before the shared-memory tree.
+elements per lane before the lanes combine (subgroup shuffles where the profile has them,
+then a shared-memory tree).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def _fused_reduce(e: Eqn, ctx: PlanContext) -> RuleResult:
         lanes=reduce_lanes(body.out.shape[axis], ctx.profile.max_invocations),
         grid=fold_grid(max(math.prod(body.out.shape) // max(body.out.shape[axis], 1), 1),
                        ctx.profile.max_grid),
-        epilogue=e.params["epilogue"] if row else None,
+        epilogue=e.params["epilogue"] if row else None, subgroup=ctx.profile.subgroup_shuffle,
     )
     return RuleResult([KernelCall(req, (*e.inputs, e.out), "fused row" if row else
                                   "fused reduce")])

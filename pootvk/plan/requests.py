@@ -264,8 +264,8 @@ class FusedRequest:
 class FusedReduceRequest:
     """A reduction whose input is a fused body computed on load: one workgroup of ``lanes``
     per reduced row; lane ``l`` folds elements ``l, l + lanes, ...`` of the row into a
-    register, then the workgroup combines the lanes' partials through shared memory (a
-    tree, log2(lanes) barriers). The body's value is never stored.
+    register, then the workgroup combines the lanes' partials: subgroup shuffles first where
+    ``subgroup``, then a tree in shared memory. The body's value is never stored.
 
     With an ``epilogue`` (``FusedRow``) the workgroup then walks its row again, computing
     the epilogue per element from the row's reduction (held in a register), and stores that
@@ -280,6 +280,7 @@ class FusedReduceRequest:
     lanes: int  # a power of two
     grid: tuple[int, int]
     epilogue: FusedBody | None = None
+    subgroup: bool = False  # combine through subgroup shuffles first (the device has them)
 
     @property
     def rows(self) -> int:
@@ -307,7 +308,7 @@ class FusedReduceRequest:
         return (
             f"FusedReduce[{self.op.value} axis={self.axis} of {self.body}{epi}] -> "
             f"{self.output[1].value}[{shape}] rows={self.rows} lanes={self.lanes} "
-            f"grid={self.grid[0]}x{self.grid[1]}"
+            f"{'subgroup' if self.subgroup else 'shared'} grid={self.grid[0]}x{self.grid[1]}"
         )
 
 

@@ -12,7 +12,9 @@ type.
 
 ``FusedReduceRequest``: a workgroup per reduced row; each lane evaluates the body at
 elements ``lane, lane + LANES, ...`` of the row and folds them into a register, then the
-lanes' partials are combined by a shared-memory tree. With an epilogue (``FusedRow``) the
+lanes' partials are combined as ``shaders.reduce`` combines them: subgroup shuffles where the
+device has them (the subgroup size read at run time), then a shared-memory tree over the
+subgroups' partials. With an epilogue (``FusedRow``) the
 lanes walk the row again and store the epilogue per element, its row-invariant nodes
 computed once before that loop. No private arrays anywhere.
 """
@@ -38,6 +40,7 @@ from .common import (
     to_f32,
 )
 from .prims import BINARY_EXPR, CMP, MINMAX, UNARY_EXPR, bcast_index, decode_index
+from .reduce import SUBGROUP_EXT
 from .table import generators
 
 #: The register type a value of each dtype computes in.
@@ -236,9 +239,20 @@ def generate_fused_reduce(req: FusedReduceRequest) -> str:
             + "\n".join("    " + ln for ln in epi)
             + f"\n        y[{out}] = {store(value, req.output[1])};\n    }}\n"
         )
+    if req.subgroup:  # as shaders.reduce: shuffles inside a subgroup, its size read at run time
+        lane = "gl_SubgroupID * gl_SubgroupSize + gl_SubgroupInvocationID"
+        sub = (
+            f"    uint per_sub = clamp(gl_SubgroupSize, 1u, {lanes}u);\n"
+            "    for (uint off = 1u; off < per_sub; off <<= 1) {\n"
+            "        acc = combine(acc, subgroupShuffleXor(acc, off));\n"
+            "    }\n"
+        )
+    else:
+        lane, sub = "gl_LocalInvocationID.x", "    uint per_sub = 1u;\n"
     bf16 = any(b is not None and _uses_bf16(b) for b in (req.body, req.epilogue))
     return (
         header(lanes, storage16)
+        + (SUBGROUP_EXT if req.subgroup else "")
         + declare_bindings(binds)
         + (BF16_ROUND if bf16 or req.output[1] is BF16 else "")
         + f"shared {ct} s_acc[{lanes}];\n"
@@ -246,16 +260,18 @@ def generate_fused_reduce(req: FusedReduceRequest) -> str:
         + "void main() {\n"
         + f"    uint row = {group_id(req.grid[0])};\n"
         + f"    if (row >= {req.rows}u) return;  // uniform: the whole workgroup leaves\n"
-        + "    uint lane = gl_LocalInvocationID.x;\n"
+        + f"    uint lane = {lane};\n"
         + row_index
         + f"\n    {ct} acc = {ident};\n"
         + f"    for (uint i{axis} = lane; i{axis} < {shape[axis]}u; i{axis} += {lanes}u) {{\n"
         + inner
         + f"\n        acc = combine(acc, {result});\n    }}\n"
-        + "    s_acc[lane] = acc;\n"
+        + sub
+        + "    // one partial per subgroup (per lane without subgroups), then a tree\n"
+        + "    if (lane % per_sub == 0u) s_acc[lane / per_sub] = acc;\n"
         + "    barrier();\n"
-        + f"    for (uint s = {lanes // 2}u; s > 0u; s >>= 1) {{\n"
-        + "        if (lane < s) s_acc[lane] = combine(s_acc[lane], s_acc[lane + s]);\n"
+        + f"    for (uint h = {lanes}u / per_sub >> 1; h > 0u; h >>= 1) {{\n"
+        + "        if (lane < h) s_acc[lane] = combine(s_acc[lane], s_acc[lane + h]);\n"
         + "        barrier();\n"
         + "    }\n"
         + finish

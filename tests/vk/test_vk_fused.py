@@ -160,3 +160,26 @@ def test_folded_grids_on_the_device(device):
     ref = evaluate(g, ins)
     for k in ("y", "z"):
         assert_close(out[k], ref[k], 1e-6)
+
+
+@pytest.mark.parametrize("subgroup", [True, False])
+def test_row_kernels_with_and_without_subgroup_shuffles(device, subgroup):
+    """The lanes' partials combine through subgroup shuffles then a tree, or through the
+    tree alone (a device without shuffles): the same answers, rows short and long."""
+    b = Builder()
+    for n in (5, 64, 700):
+        x = b.input(f"x{n}", (3, n))
+        b.export(f"rms{n}", rms_norm(b, x, b.param(f"w{n}", (n,))))
+        ex = b.unary("Exp", b.sub(x, b.reduce("Max", x, 1)))
+        b.export(f"sm{n}", b.div(ex, b.reduce("Sum", ex, 1)))
+    g = b.build()
+    prof = device.profile.with_(subgroup_shuffle=subgroup and device.profile.subgroup_shuffle)
+    c = compile_graph(g)
+    plan = plan_graph(c, prof)
+    rows = [k.request for k in plan.kernels if isinstance(k.request, FusedReduceRequest)]
+    assert len(rows) == 9 and all(r.subgroup is prof.subgroup_shuffle for r in rows)
+    ins = random_inputs(g, np.random.default_rng(10))
+    out, _ = run_on_device(device, c, ins, profile=prof)
+    ref = evaluate(g, ins)
+    for k in ref:
+        assert_close(out[k], ref[k], 1e-6)
