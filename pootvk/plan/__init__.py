@@ -1,6 +1,7 @@
 """Planning for one device: rules, requests, schedules, buffer locations; no GLSL, no
 handles."""
 
+from . import fused  # noqa: F401  (registers the fused primitives' rules)
 from .bindings import Access, Binding, BufferRole, Scratch
 from .decode_schedule import DecodeCombineRequest, DecodeProblem, DecodeRequest
 from .matmul_schedule import (
@@ -14,6 +15,8 @@ from .planner import BoundOperand, BufferSpec, Kernel, Location, Plan, plan_grap
 from .profile import DeviceProfile, recorded_profile, recorded_profiles
 from .requests import (
     AttentionRequest,
+    FusedReduceRequest,
+    FusedRequest,
     LiteralOperand,
     PrimRequest,
     ReduceRequest,
@@ -28,7 +31,8 @@ __all__ = [
     "current_forced", "forced_schedule",
     "MatMulCombineRequest", "MatMulKind", "MatMulRequest", "choose_matmul", "forced_matmul",
     "Access", "AttentionRequest", "Binding", "BoundOperand", "BufferRole", "BufferSpec",
-    "DeviceProfile", "Kernel", "KernelCall", "KernelRequest", "LiteralOperand", "Location",
+    "DeviceProfile", "FusedReduceRequest", "FusedRequest", "Kernel", "KernelCall",
+    "KernelRequest", "LiteralOperand", "Location",
     "Plan", "PlanContext", "PrimRequest", "ReduceRequest", "RuleResult", "ScatterRequest",
     "Scratch", "choose_lanes",
     "fold_grid", "plan_graph", "plan_rules", "recorded_profile", "recorded_profiles",

@@ -33,6 +33,8 @@ from .matmul_schedule import MatMulCombineRequest, MatMulRequest, choose_matmul,
 from .profile import DeviceProfile
 from .requests import (
     AttentionRequest,
+    FusedReduceRequest,
+    FusedRequest,
     LiteralOperand,
     PrimRequest,
     ReduceRequest,
@@ -43,7 +45,8 @@ from .schedule import attention_schedule
 
 KernelRequest = (
     AttentionRequest | PrimRequest | ReduceRequest | ScatterRequest | DecodeRequest
-    | DecodeCombineRequest | MatMulRequest | MatMulCombineRequest
+    | DecodeCombineRequest | MatMulRequest | MatMulCombineRequest | FusedRequest
+    | FusedReduceRequest
 )
 
 PRIM_WORKGROUP = 64
