@@ -316,15 +316,18 @@ def chunk_for(lk: int, splits: int, tile: int) -> int:
 def decode_shared_bytes(local_size: int, lanes_per_key: int, keys_per_iter: int, rows: int,
                         dv: int, subgroup: bool) -> int:
     """Workgroup memory of the partial kernel: the final fold (m, l per row and lane group,
-    one row's accumulators per lane group) plus, without subgroups, the dot reduction buffer
-    (at most ``REDUCE_ROWS`` rows at a time)."""
+    one row's accumulators per lane group), the fused combine's one-word arrival flag
+    (``s_last``, counted always: the H200 lost the device on a kernel 4 bytes over its
+    49152-byte limit when it was not), plus, without subgroups, the dot reduction buffer (at
+    most ``REDUCE_ROWS`` rows at a time)."""
     groups = local_size // lanes_per_key
     fold = 2 * rows * groups * 4 + groups * dv * 4
     red = 0 if subgroup else reduce_rows(rows, keys_per_iter, local_size) * keys_per_iter \
         * local_size * 4
-    return fold + red
+    return fold + red + LAST_FLAG_BYTES
 
 
+LAST_FLAG_BYTES = 4  # shared uint s_last of the fused combine
 REDUCE_FLOATS = 2048  # floats of the shared-memory dot reduction buffer (8 KiB), at most
 
 
