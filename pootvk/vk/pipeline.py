@@ -145,7 +145,7 @@ class Pipeline(Owned):
             raise PipelineStatisticsUnavailable(dev.name, missing)
         ffi = vk.ffi
         get_execs = dev.proc("vkGetPipelineExecutablePropertiesKHR")
-        get_stats = dev.proc("executable statistics")
+        get_stats = dev.proc("vkGetPipelineExecutableStatisticsKHR")
         pinfo = ffi.new("VkPipelineInfoKHR*", {
             "sType": vk.VK_STRUCTURE_TYPE_PIPELINE_INFO_KHR, "pipeline": self.handle,
         })
