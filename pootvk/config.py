@@ -11,6 +11,8 @@ process-wide one from :func:`config`).
 | POOTVK_DEBUG        | debug        | 0 quiet, 1 plan summaries, 2 + generated sources     |
 | POOTVK_FENCE_TIMEOUT_S | fence_timeout_s | seconds a submit may run before DeviceTimeout (600) |
 | POOTVK_CACHE_MAX_BYTES | cache_max_bytes | disk SPIR-V cache cap; oldest files go (256 MiB)   |
+| POOTVK_PIPELINE_STATS | pipeline_stats | 1 = capture driver statistics of compute pipelines |
+|                     |              | (registers, spills...; Pipeline.statistics())        |
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class Config:
     debug: int = 0
     fence_timeout_s: float = 600.0
     cache_max_bytes: int = 256 << 20
+    pipeline_stats: bool = False
 
     @staticmethod
     def from_env(env: dict[str, str] | None = None) -> Config:
@@ -41,6 +44,7 @@ class Config:
             debug=int(env.get("POOTVK_DEBUG", "0") or 0),
             fence_timeout_s=float(env.get("POOTVK_FENCE_TIMEOUT_S", "") or 600.0),
             cache_max_bytes=int(env.get("POOTVK_CACHE_MAX_BYTES", "") or 256 << 20),
+            pipeline_stats=env.get("POOTVK_PIPELINE_STATS", "0") not in ("", "0", "false", "no"),
         )
 
 

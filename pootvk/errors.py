@@ -148,6 +148,18 @@ class DeviceNotFound(VulkanError):
         super().__init__(msg)
 
 
+class PipelineStatisticsUnavailable(CapabilityError):
+    """Pipeline.statistics() cannot answer: the device lacks VK_KHR_pipeline_executable_
+    properties (or its pipelineExecutableInfo feature), or the pipeline was created without
+    capturing statistics (POOTVK_PIPELINE_STATS unset)."""
+
+    def __init__(self, device: str, missing: list[str]) -> None:
+        self.device, self.missing = device, list(missing)
+        super().__init__(
+            f"no pipeline statistics on {device!r}: missing {'; '.join(self.missing)}"
+        )
+
+
 class InvalidDevice(PootvkError, TypeError):
     """``device=`` is neither a Device, an index, a name substring nor None."""
 

@@ -25,7 +25,13 @@ from . import pipeline_cache
 from .instance import call, instance, live_devices
 from .memory import Buffer, MemoryTypes
 from .owned import Owned
-from .physical import PhysicalDeviceInfo, physical_devices, select
+from .physical import (
+    PIPELINE_EXECUTABLE_EXT,
+    PhysicalDeviceInfo,
+    physical_devices,
+    pipeline_executable_info,
+    select,
+)
 from .pipeline import Pipeline, pipeline_key
 
 log = logging.getLogger("pootvk.vk")
@@ -78,6 +84,7 @@ class Device:
             raise VulkanError(f"{self.name} has no compute queue family")
         self.queue_family = family
         self.timestamp_valid_bits = int(families[family].timestampValidBits)
+        self._procs: dict[str, Any] = {}
         self._create_device(chosen)
         live_devices.add(self)
 
@@ -114,7 +121,25 @@ class Device:
             )
             keep.append(s16)
             nxt = s16
+        #: VK_KHR_pipeline_executable_properties with pipelineExecutableInfo enabled: a
+        #: pipeline can capture the driver's statistics (see Pipeline.statistics()).
+        self.pipeline_executable_info = pipeline_executable_info(
+            chosen.handle, chosen.extensions
+        )
+        if self.pipeline_executable_info:
+            pe = ffi.new(
+                "VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR*",
+                {
+                    "sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR,  # noqa: E501
+                    "pNext": nxt,
+                    "pipelineExecutableInfo": 1,
+                },
+            )
+            keep.append(pe)
+            nxt = pe
         exts: list[str] = []
+        if self.pipeline_executable_info:
+            exts.append(PIPELINE_EXECUTABLE_EXT)
         if (
             "VK_KHR_shader_float16_int8" in chosen.extensions
             and extra.get("shader_float16")
@@ -142,6 +167,25 @@ class Device:
         self._transfer_fence = call(vk.vkCreateFence, self.handle, vk.VkFenceCreateInfo(), None)
         self._track(1)
         self._open_pipeline_cache(chosen)
+
+    def proc(self, name: str) -> Any:
+        """The device-level function ``name`` (an extension's entry point) as a raw cffi
+        function pointer from vkGetDeviceProcAddr, cached. Raw, not the binding's wrapper:
+        the wrapper allocates output arrays without their sType, which the spec forbids."""
+        fn = self._procs.get(name)
+        if fn is None:
+            self._require_open()
+            ptr = vk.lib.vkGetDeviceProcAddr(self.handle, name.encode())
+            if ptr == vk.ffi.NULL:
+                raise VulkanError(f"vkGetDeviceProcAddr({name!r}) returned NULL on {self.name}")
+            fn = self._procs[name] = vk.ffi.cast("PFN_" + name, ptr)
+        return fn
+
+    @property
+    def captures_pipeline_statistics(self) -> bool:
+        """New compute pipelines are created with CAPTURE_STATISTICS: the device supports it
+        and ``config.pipeline_stats`` (POOTVK_PIPELINE_STATS=1) asks for it."""
+        return self.pipeline_executable_info and self.config.pipeline_stats
 
     def _open_pipeline_cache(self, chosen: PhysicalDeviceInfo) -> None:
         """The VkPipelineCache every pipeline of this device is created through, seeded from
@@ -353,6 +397,7 @@ class Device:
         self._track(-2)
         vk.vkDestroyDevice(self.handle, None)
         self.handle = None
+        self._procs.clear()
         live_devices.discard(self)
 
     def __del__(self) -> None:

@@ -87,6 +87,27 @@ def features_16bit(handle: Any, api: int, exts: frozenset[str]) -> tuple[bool, b
     return storage16, float16
 
 
+PIPELINE_EXECUTABLE_EXT = "VK_KHR_pipeline_executable_properties"
+
+
+def pipeline_executable_info(handle: Any, exts: frozenset[str]) -> bool:
+    """Whether the device exposes VK_KHR_pipeline_executable_properties *and* its
+    pipelineExecutableInfo feature: then a pipeline created with CAPTURE_STATISTICS reports
+    the driver's per-executable statistics (registers, spills, instructions...)."""
+    if PIPELINE_EXECUTABLE_EXT not in exts:
+        return False
+    chain = _chain(
+        ("VkPhysicalDeviceFeatures2", vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, {}),
+        (
+            "VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR",
+            vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR,
+            {},
+        ),
+    )
+    vk.lib.vkGetPhysicalDeviceFeatures2(handle, chain[0])
+    return bool(chain[1].pipelineExecutableInfo)
+
+
 SHUFFLE_OPS = vk.VK_SUBGROUP_FEATURE_BASIC_BIT | vk.VK_SUBGROUP_FEATURE_SHUFFLE_BIT
 
 
