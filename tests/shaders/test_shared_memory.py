@@ -59,7 +59,8 @@ def workgroup_bytes(spirv: bytes) -> int:
 
 def test_the_count_reads_shared_declarations():
     src = ("#version 450\nlayout(local_size_x = 64) in;\nshared float a[100];\n"
-           "shared vec4 b[3];\nshared uint c;\nlayout(std430, binding = 0) buffer B { float y[]; };\n"
+           "shared vec4 b[3];\nshared uint c;\n"
+           "layout(std430, binding = 0) buffer B { float y[]; };\n"
            "void main() { a[gl_LocalInvocationID.x] = 1.0; b[0] = vec4(a[1]); c = 1u;"
            " barrier(); y[0] = b[0].x + a[2] + float(c); }\n")
     assert workgroup_bytes(compile_glsl(src)) == 400 + 48 + 4
