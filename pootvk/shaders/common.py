@@ -66,6 +66,18 @@ def from_f32(x: str, dst: DType) -> str:
     return f"uint16_t(bf16_bits({x}))"
 
 
+F16_ROUND = """float f16_round(float f) {
+    // f rounded to the nearest F16 value (ties to even), as storing and reloading it gives;
+    // in integer arithmetic: NVIDIA's compiler folds unpackHalf2x16(packHalf2x16(x)) into x
+    if (isnan(f) || isinf(f)) return f;
+    float a = abs(f);
+    if (a >= 65520.0) return uintBitsToFloat((floatBitsToUint(f) & 0x80000000u) | 0x7f800000u);
+    if (a < 6.103515625e-05) return roundEven(f * 16777216.0) * 5.9604644775390625e-08;
+    uint b = floatBitsToUint(f);
+    return uintBitsToFloat((b + 0x0fffu + ((b >> 13) & 1u)) & 0xffffe000u);
+}
+"""
+
 BF16_ROUND = """uint bf16_bits(float f) {
     uint b = floatBitsToUint(f);
     if (isnan(f)) return (b >> 16) | 0x40u;  // a quiet NaN stays NaN

@@ -30,6 +30,7 @@ from ..ir.fused import FusedBody, Leaf, Node
 from ..plan.requests import FusedReduceRequest, FusedRequest
 from .common import (
     BF16_ROUND,
+    F16_ROUND,
     declare_bindings,
     float_lit,
     from_f32,
@@ -58,7 +59,7 @@ def round_to(expr: str, dt: DType) -> str:
     """An F32 value rounded to the 16-bit type ``dt`` and widened back (what storing it and
     reading it again gives)."""
     if dt is F16:
-        return f"unpackHalf2x16(packHalf2x16(vec2({expr}, 0.0))).x"
+        return f"f16_round({expr})"
     return f"uintBitsToFloat(bf16_bits({expr}) << 16)"
 
 
@@ -166,8 +167,12 @@ def row_invariant(body: FusedBody, axis: int, rank: int) -> list[bool]:
     return inv
 
 
-def _uses_bf16(body: FusedBody) -> bool:
-    return any(n.dtype is BF16 for n in body.nodes)
+def _uses_half(body: FusedBody) -> bool:
+    return any(n.dtype in HALF for n in body.nodes)
+
+
+#: the 16-bit rounding helpers a fused body's nodes call (round_to)
+ROUND16 = F16_ROUND + BF16_ROUND
 
 
 @generators.register(FusedRequest)
@@ -181,7 +186,7 @@ def generate_fused(req: FusedRequest) -> str:
     return (
         header(req.local_size, storage16)
         + declare_bindings(binds)
-        + (BF16_ROUND if _uses_bf16(req.body) else "")
+        + (ROUND16 if _uses_half(req.body) or req.output[1] in HALF else "")
         + "void main() {\n"
         + f"    uint gid = {group_id(req.grid[0])} * {req.local_size}u"
         + " + gl_LocalInvocationID.x;\n"
@@ -249,12 +254,12 @@ def generate_fused_reduce(req: FusedReduceRequest) -> str:
         )
     else:
         lane, sub = "gl_LocalInvocationID.x", "    uint per_sub = 1u;\n"
-    bf16 = any(b is not None and _uses_bf16(b) for b in (req.body, req.epilogue))
+    half = any(b is not None and _uses_half(b) for b in (req.body, req.epilogue))
     return (
         header(lanes, storage16)
         + (SUBGROUP_EXT if req.subgroup else "")
         + declare_bindings(binds)
-        + (BF16_ROUND if bf16 or req.output[1] is BF16 else "")
+        + (ROUND16 if half or req.output[1] in HALF else "")
         + f"shared {ct} s_acc[{lanes}];\n"
         + f"{ct} combine({ct} acc, {ct} v) {{ return {combine}; }}\n"
         + "void main() {\n"
