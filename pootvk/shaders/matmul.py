@@ -122,6 +122,12 @@ def _scalars(name: str, width: int) -> list[str]:
     return [name] if width == 1 else [f"{name}.{c}" for c in "xyzw"[:width]]
 
 
+def _y_vec4(r: MatMulRequest) -> bool:
+    """The GEMM stores F32 results as vec4s (every row starts on a vec4: N % 4 == 0)."""
+    return (r.kind is MatMulKind.GEMM and (r.out_dtype is F32 or r.splits > 1)
+            and r.n % 4 == 0)
+
+
 def _head(r: MatMulRequest) -> str:
     ext = []
     if r.subgroup and r.kind is not MatMulKind.GEMM:
@@ -135,6 +141,8 @@ def _head(r: MatMulRequest) -> str:
         a_elem = _ftype(_a_width(r)) if r.kind is MatMulKind.GEMV_T else "float"
     b_elem = _b_type(r)
     y_elem = "float" if r.out_dtype is F32 or r.splits > 1 else "uint16_t"
+    if _y_vec4(r):
+        y_elem = "vec4"
     if "uint16_t" in (a_elem, b_elem, y_elem):
         ext.insert(0, "#extension GL_EXT_shader_16bit_storage : require")
     blocks = [("a", a_elem, "readonly"), ("b", b_elem, "readonly"), ("y", y_elem, "writeonly")]
@@ -547,6 +555,12 @@ def _gemm(r: MatMulRequest) -> str:
         emit(f"uint col{j} = n0 + ({j * TX}u + tx) * 4u;")
     for i in range(r.thread_m):
         emit(f"if (row{i} < {M}u) {{")
+        if _y_vec4(r):  # a column vec4 lies wholly inside N or wholly outside
+            for j in range(TN4):
+                emit(f"    if (col{j} < {N}u) y[(yoff + row{i} * {N}u + col{j}) / 4u] = "
+                     f"c{i}_{j};")
+            emit("}")
+            continue
         for j in range(TN4):
             for q, c in enumerate("xyzw"):
                 emit(f"    if (col{j} + {q}u < {N}u) y[yoff + row{i} * {N}u + col{j} + {q}u] = "
