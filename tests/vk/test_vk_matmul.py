@@ -320,3 +320,24 @@ def test_split_k_of_16bit_values_rounds_at_the_combine(device):
     want = x.astype(np.float64) @ w.astype(np.float64)
     np.testing.assert_array_equal(np.asarray(y, np.float32), stored(np.asarray(y, np.float32), F16))
     assert_close(np.asarray(y, np.float64), want, 1e-6)
+
+
+@pytest.mark.parametrize("dt", [F16, BF16], ids=lambda d: d.value)
+def test_gemm_split_k_of_16bit_values_rounds_at_the_combine(device, dt):
+    """A plain 16-bit GEMM split over K (an uneven last slice): F32 partials, the combine
+    rounds each sum once to the dtype."""
+    rng = np.random.default_rng(8)
+    x = stored(rng.standard_normal((37, 52)).astype(np.float32), dt)
+    w = stored(rng.standard_normal((52, 30)).astype(np.float32), dt)
+    b = Builder()
+    b.export("y", b.matmul(b.input("x", x.shape, dt), b.input("w", w.shape, dt)))
+    with forced_matmul("gemm", tile_m=32, tile_n=32, tile_k=8, splits=3), \
+            build_replay(b.build(), device) as rp:
+        part, comb = [k.request for k in rp.plan.kernels]
+        assert part.kind is MatMulKind.GEMM and part.splits == 3 and part.out_dtype is dt
+        assert isinstance(comb, MatMulCombineRequest)
+        y = rp.step({"x": x.astype(dt.numpy), "w": w.astype(dt.numpy)})["y"]
+    want = x.astype(np.float64) @ w.astype(np.float64)
+    got = np.asarray(y, np.float32)
+    np.testing.assert_array_equal(got, stored(got, dt))
+    assert_close(np.asarray(y, np.float64), want, 1e-6 if dt is F16 else 2e-5)
