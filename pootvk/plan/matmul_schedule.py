@@ -430,7 +430,8 @@ def _gemm(base: MatMulRequest, nb: int, units: int, cpu: bool,
         shape = (32, 32, 4, 4)
     else:
         fits = [t for t in GEMM_TILES
-                if (t[0] // t[2]) * (t[1] // t[3]) <= profile.max_invocations]
+                if (t[0] // t[2]) * (t[1] // t[3]) <= profile.max_invocations
+                and 4 * 2 * 8 * (t[0] + t[1] + 2 * GEMM_PAD) <= profile.max_workgroup_memory]
         shape = next((t for t in fits if wgs(t) >= GEMM_FILL * units), fits[-1])
     req = replace(req, tile_m=shape[0], tile_n=shape[1], thread_m=shape[2],
                   thread_n=shape[3], tile_k=TILE_K if not cpu else 8)

@@ -97,9 +97,11 @@ def test_rows_switch_at_the_gemv_limit():
 def test_every_recorded_profile_plans_within_its_limits():
     for name, prof in recorded_profiles().items():
         for g in (_linear((1,), 576, 1536, True, F32), _linear((1,), 576, 1536, False, F32),
-                  _linear((100,), 96, 80, True, F32)):
+                  _linear((100,), 96, 80, True, F32), _linear((512,), 4096, 4096, True, F32)):
             r = _only_request(g, prof)
             assert r.local_size <= prof.max_invocations, name
+            if r.kind is MatMulKind.GEMM:  # both tile buffers fit (mobile_16k: 128x64x8)
+                assert 4 * r.gemm_shared_floats <= prof.max_workgroup_memory, name
             assert r.grid[0] <= prof.max_grid[0], name
 
 
