@@ -24,7 +24,10 @@ back-to-back replays can read the cache and pass the DRAM ceiling).
 
 ``--gemm`` times the prefill product ``x[M, K] @ W`` instead (M = ``--rows``, 512 by default;
 shapes (576, 1536) and (4096, 4096)): the planner's tiled GEMM against torch, as TFLOP/s
-(2 M K N / kernel time) next to the bytes of W; ``--tune`` then compares GEMM tiles. torch
+(2 M K N / kernel time) and as a fraction of the FP32 FMA peak (compute units x
+``--lanes-per-unit`` x 2 x the NVML maximum SM clock, or ``--peak-tflops``), next to the
+bytes of W; ``--tune`` then compares GEMM tile / register-block / K-step / split-K shapes
+(``GEMM_VARIANTS``) and ``--gemm-variant`` times chosen ones only. torch
 multiplies F16 on tensor cores in F16 while pootvk's GEMM computes in F32 on the SIMT units,
 so the F16 comparison is against a different kind of kernel.
 
@@ -63,7 +66,20 @@ GEMM_SHAPES = [(576, 1536), (4096, 4096)]
 GEMM_ROWS = 512
 DTYPES = {"f16": F16, "f32": F32}
 LAYOUTS = ("kn", "nk")
-GEMM_TILES = ((32, 32), (64, 32), (32, 64), (64, 64), (128, 64), (64, 128))
+#: --gemm --tune: (tile_m, tile_n, thread_m, thread_n, tile_k, splits); a workgroup is
+#: (tile_m / thread_m) * (tile_n / thread_n) invocations; a variant whose buffers exceed the
+#: device's workgroup memory fails typed and is listed as failed
+GEMM_VARIANTS = (
+    (128, 128, 8, 8, 16, 1), (128, 128, 8, 8, 8, 1), (128, 64, 8, 4, 16, 1),
+    (128, 64, 8, 8, 16, 1), (64, 128, 4, 8, 16, 1), (64, 128, 8, 8, 16, 1),
+    (64, 64, 4, 4, 16, 1), (64, 64, 4, 4, 8, 1), (64, 64, 8, 4, 16, 1), (64, 64, 8, 8, 16, 1),
+    (64, 32, 4, 4, 16, 1), (32, 64, 4, 4, 16, 1), (32, 32, 4, 4, 16, 1),
+    (64, 64, 4, 4, 16, 2), (128, 64, 8, 4, 16, 2), (128, 128, 8, 8, 16, 2),
+    (128, 128, 8, 8, 16, 4),
+)
+QUICK_GEMM_VARIANTS = ((32, 32, 4, 4, 8, 1), (64, 32, 8, 4, 8, 1), (32, 32, 4, 4, 8, 2))
+#: FP32 lanes per compute unit for the peak line (an NVIDIA SM since Ampere: 128)
+LANES_PER_UNIT = 128
 TOL = 5e-4  # normalised squared error, DESIGN.md
 GOAL = 0.7  # issue 9: >= 0.7 of the read ceiling on the three large shapes
 
@@ -128,21 +144,23 @@ class Case:
         self.x, self.w = x, w  # a split-K variant plans its own replay over them
         self.rp = build_replay(graph(k, n, dt, layout, rows), device, timestamps=True)
         reqs = [kn.request for kn in self.rp.plan.kernels]
-        assert len(reqs) == 1 and isinstance(reqs[0], MatMulRequest), reqs
+        assert isinstance(reqs[0], MatMulRequest), reqs  # (a split-K default adds a combine)
+        assert len(reqs) == 1 + (reqs[0].splits > 1), reqs
         self.request = reqs[0]
         self.rp.set_params({"w": w})
         self.nse = nse(self.rp.step({"x": x})["y"], self.ref)  # the public path's answer
-        self.base = self.rp.recording.dispatches[0]
+        self.dispatches = list(self.rp.recording.dispatches)
+        self.base = self.dispatches[0]
         self.out = self.rp.plan.outputs["y"]
 
     def time_default(self, *, warm_s, reps, clock):
-        return _time(self.device, [self.base], warm_s, reps, clock)
+        return _time(self.device, self.dispatches, warm_s, reps, clock)
 
     def variant(self, fields: dict):
         """(request, dispatches, nse, close) of a forced schedule run once over the same
         buffers; a split-K schedule (a partial and a combine launch over scratch) plans and
         runs its own replay, closed by ``close``."""
-        if fields.get("splits", 1) > 1:
+        if fields.get("splits", 1) > 1 or self.request.splits > 1:  # partial + combine
             with forced_matmul(**fields):
                 rp = build_replay(graph(self.k, self.n, self.dt, self.layout, self.rows),
                                   self.device, timestamps=True)
@@ -230,13 +248,18 @@ def split_variants(k: int, n: int, vec: int, units: int, quick: bool) -> list[di
     return out
 
 
+def gemm_fields(v: tuple[int, ...]) -> dict:
+    tm, tn, thm, thn, tk, splits = v
+    return {"kind": "gemm", "tile_m": tm, "tile_n": tn, "thread_m": thm, "thread_n": thn,
+            "tile_k": tk, "splits": splits}
+
+
 def variants(layout: str, quick: bool, gemm: bool = False) -> list[dict]:
     """Schedule fields ``--tune`` compares (a GEMV workgroup size is lanes * groups; a GEMM
     one (tile_m / 4) * (tile_n / 4)); ``split_variants`` adds the split-K GEMV_N ones."""
     out = []
     if gemm:
-        tiles = ((32, 32), (64, 32)) if quick else GEMM_TILES
-        return [{"kind": "gemm", "tile_m": tm, "tile_n": tn} for tm, tn in tiles]
+        return [gemm_fields(v) for v in (QUICK_GEMM_VARIANTS if quick else GEMM_VARIANTS)]
     if layout == "kn":
         for lanes in (1, 2, 4, 8):
             for wg in ((64,) if quick else (256, 512, 1024)):
@@ -253,12 +276,13 @@ def variants(layout: str, quick: bool, gemm: bool = False) -> list[dict]:
     return out
 
 
-def tune_case(case, dn, ceiling_gbps, *, warm_s, reps, clock, quick):
+def tune_case(case, dn, ceiling_gbps, *, warm_s, reps, clock, quick, peak=None,
+              gemm_only=None):
     """Time every variant of one case (each checked); print them and the best."""
     k, n, lay, m = case.k, case.n, case.layout, case.rows
     nbytes = k * n * DTYPES[dn].device_itemsize
     out, best = [], None
-    fs = variants(lay, quick, gemm=m > 1)
+    fs = variants(lay, quick, gemm=m > 1) if gemm_only is None else gemm_only
     if lay == "kn" and m == 1:
         fs += split_variants(k, n, case.request.vec, case.device.profile.compute_units or 8,
                              quick)
@@ -276,8 +300,10 @@ def tune_case(case, dn, ceiling_gbps, *, warm_s, reps, clock, quick):
         frac, ok = nbytes / (us * 1e3) / ceiling_gbps, err <= TOL
         tflops = 2 * m * k * n / (us * 1e6)
         out.append({"k": k, "n": n, "m": m, "dtype": dn, "layout": lay, **f, "us": us,
-                    "frac": frac, "tflops": tflops, "ok": ok, "kernel": req.describe()})
-        print(f"    {req.describe()}: {us:.2f} us, {frac:.0%}, {tflops:.1f} TFLOP/s"
+                    "frac": frac, "tflops": tflops, "ok": ok, "kernel": req.describe(),
+                    "peak_frac": tflops / peak if peak else None})
+        print(f"    {req.describe()}: {us:.2f} us, {frac:.0%}, {tflops:.2f} TFLOP/s"
+              + (f" ({tflops / peak:.1%} of FP32 peak)" if peak and m > 1 else "")
               + ("" if ok else f" WRONG (nse {err:.1e})"))
         if ok and (best is None or us < best[0]):
             best = (us, frac, req.describe())
@@ -303,7 +329,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--gemm", action="store_true", help="time x[M,K] @ W (prefill rows)")
     ap.add_argument("--rows", type=int, default=None, help=f"M for --gemm ({GEMM_ROWS})")
+    ap.add_argument("--gemm-variant", action="append", default=None,
+                    help="tile_m,tile_n,thread_m,thread_n,tile_k,splits: time only these "
+                         "GEMM shapes (implies --tune)")
+    ap.add_argument("--peak-tflops", type=float, default=None,
+                    help="FP32 FMA peak (default: units x lanes x 2 x NVML max clock)")
+    ap.add_argument("--lanes-per-unit", type=int, default=LANES_PER_UNIT)
     a = ap.parse_args(argv)
+    gemm_only = None
+    if a.gemm_variant:
+        a.tune = True
+        gemm_only = [gemm_fields(tuple(int(v) for v in g.split(","))) for g in a.gemm_variant]
     m_rows = (a.rows or (16 if a.quick else GEMM_ROWS)) if a.gemm else 1
     shapes = ([tuple(int(v) for v in s.split(",")) for s in a.shape] if a.shape
               else QUICK_SHAPES if a.quick else GEMM_SHAPES if a.gemm else SHAPES)
@@ -318,6 +354,14 @@ def main(argv: list[str] | None = None) -> int:
           f"{p.compute_units or '?'} compute units)")
     clock = SmClock(device.name)
     print(clock.note or f"SM clock: {clock.sm_mhz()} MHz now, maximum {clock.max_mhz} MHz")
+    peak = a.peak_tflops
+    if peak is None and p.compute_units and clock.max_mhz:
+        peak = p.compute_units * a.lanes_per_unit * 2 * clock.max_mhz * 1e6 / 1e12
+    if a.gemm:
+        print("FP32 FMA peak: " + (f"{peak:.1f} TFLOP/s" if peak else "unknown (no NVML clock "
+              "or unit count; --peak-tflops sets it)")
+              + (f" = {p.compute_units} units x {a.lanes_per_unit} lanes x 2 x "
+                 f"{clock.max_mhz} MHz" if peak and a.peak_tflops is None else ""))
     ceiling = read_ceiling(device, nbytes=8 << 20 if a.quick else None, reps=3 if a.quick else 10)
     print(f"read ceiling: {ceiling.gbps:.1f} GB/s (vec4 read of {ceiling.nbytes >> 20} MiB)")
     print(f"method: >= {warm_s:g} s back to back per case before timing, median of {reps}; "
@@ -344,12 +388,14 @@ def main(argv: list[str] | None = None) -> int:
                     us, mhz = case.time_default(warm_s=warm_s, reps=reps, clock=clock)
                     clock.check(f"pootvk {k},{n} {dn} {lay}", sys.stdout)
                     gbps = nbytes / (us * 1e3)
+                    tflops = 2 * m_rows * k * n / (us * 1e6)
                     row.update(us=us, gbps=gbps, frac=gbps / ceiling.gbps, nse=case.nse,
-                               tflops=2 * m_rows * k * n / (us * 1e6),
+                               tflops=tflops, peak_frac=tflops / peak if peak else None,
                                ok=case.nse <= TOL, kernel=case.request.describe(), sm_mhz=mhz)
                     if a.tune:
                         tuned += tune_case(case, dn, ceiling.gbps, warm_s=warm_s, reps=reps,
-                                           clock=clock, quick=a.quick)
+                                           clock=clock, quick=a.quick, peak=peak,
+                                           gemm_only=gemm_only if m_rows > 1 else None)
                 except Exception as e:  # one case's failure loses only its row
                     row["note"] = f"failed: {type(e).__name__}: {e}".splitlines()[0]
                 finally:
@@ -366,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {k},{n} {dn} {lay} M={m_rows}: {_fmt(row.get('frac'), '.0%')} of "
                       f"ceiling, {_fmt(row.get('tflops'))} TFLOP/s, "
                       f"{_fmt(row.get('us'), '.2f')} us, nse {_fmt(row.get('nse'), '.1e')}"
+                      + (f", {row['peak_frac']:.1%} of FP32 peak"
+                         if m_rows > 1 and row.get("peak_frac") else "")
                       + (f"  [{row['note']}]" if "note" in row else ""), flush=True)
 
     print("\n| K,N | M | W dtype | layout | W MB | L2 | pootvk of ceiling | GB/s | TFLOP/s | "
@@ -400,13 +448,17 @@ def main(argv: list[str] | None = None) -> int:
             t = min(mine, key=lambda t: t["us"])
             fields = {k: v for k, v in t.items() if k in ("kind", "lanes", "groups", "outs",
                                                           "unroll", "splits", "tile_m",
-                                                          "tile_n")}
+                                                          "tile_n", "thread_m", "thread_n",
+                                                          "tile_k")}
             print(f"| {r['k']},{r['n']} | {r['m']} | {r['dtype']} | {r['layout']} | "
                   f"{r['us']:.2f} | {t['us']:.2f} | {r['us'] / t['us']:.2f}x | {t['frac']:.0%} | "
-                  f"{t['tflops']:.2f} | {fields} |")
+                  f"{t['tflops']:.2f}"
+                  + (f" ({t['peak_frac']:.1%} of FP32 peak)" if t.get("peak_frac") and m_rows > 1
+                     else "") + f" | {fields} |")
     if a.json:
         Path(a.json).write_text(json.dumps(
             {"device": device.name, "ceiling_gbps": ceiling.gbps, "warm_s": warm_s,
+             "fp32_peak_tflops": peak,
              "reps": reps, "sm_max_mhz": clock.max_mhz, "rows": rows, "tuned": tuned},
             indent=1, default=str))
         print(f"wrote {a.json}")

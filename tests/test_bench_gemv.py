@@ -41,4 +41,22 @@ def test_gemm_bench_quick(tmp_path, capsys, device):
     (row,) = res["rows"]
     assert row["ok"] and row["nse"] < 1e-10 and row["kernel"].startswith("matmul gemm")
     assert row["m"] == 20 and row["tflops"] > 0
-    assert len(res["tuned"]) == 2 and all(t["ok"] and t["kind"] == "gemm" for t in res["tuned"])
+    # the quick variants: two single-launch tiles and one split-K (partial + combine)
+    assert len(res["tuned"]) == 3 and all(t["ok"] and t["kind"] == "gemm" for t in res["tuned"])
+    assert [t["splits"] for t in res["tuned"]] == [1, 1, 2] and " splits=2 " in text
+    assert "FP32 FMA peak:" in text
+
+
+def test_gemm_bench_forced_variant(tmp_path, capsys, device):
+    """--gemm-variant times only the named shapes; --peak-tflops sets the peak line."""
+    out = tmp_path / "g.json"
+    rc = _bench().main(["--quick", "--gemm", "--rows", "12", "--shape", "24,40", "--dtype",
+                        "f16", "--layout", "kn", "--reps", "2", "--gemm-variant",
+                        "32,64,4,8,8,2", "--peak-tflops", "1", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    res = json.loads(out.read_text())
+    (t,) = res["tuned"]
+    assert t["ok"] and (t["tile_m"], t["tile_n"], t["thread_n"], t["splits"]) == (32, 64, 8, 2)
+    assert "tile=32x64x8 thread=4x8" in t["kernel"] and res["fp32_peak_tflops"] == 1
+    assert t["peak_frac"] == t["tflops"] and "of FP32 peak" in text

@@ -15,8 +15,15 @@ Three kernels (``pootvk.shaders.matmul`` generates them):
   workgroup, each owning ``outs`` outputs; ``unroll`` words per output per step in flight;
   the dot products fold over the ``lanes`` with subgroup shuffles (workgroup memory past the
   subgroup or without shuffles).
-- ``GEMM`` (many rows): ``tile_m x tile_n`` output tiles over ``TILE_K``-deep shared-memory
-  tiles of A and B; every invocation keeps a 4x4 register block (four named vec4s).
+- ``GEMM`` (many rows): a SIMT GEMM. A workgroup owns a ``tile_m x tile_n`` output tile and
+  walks K in ``tile_k``-deep steps; each step's A and B tiles go global -> registers
+  (vector loads: ``a_vec`` floats of A along K, ``vec`` elements of B along its contiguous
+  axis, 16-bit words widened to F32 at the shared store) -> shared memory, both stored
+  K-major (A transposed) with a vec4 of padding per row, double-buffered (the next step's
+  loads are in flight while the current step computes; one barrier per step). Every
+  invocation keeps a ``thread_m x thread_n`` register block (named vec4s) and reads vec4s of
+  A and B from shared memory per k. Edge tiles load zeros (predicated, clamped addresses).
+  ``splits > 1`` cuts K into ``tile_k``-aligned slices like GEMV_N's split-K.
 
 Rows: when B has no batch (a weight), A's batch dims fold into its rows (A and the output
 are contiguous), so ``x[B, S, K] @ W`` is one ``[B*S, K]`` product reading W once. Otherwise
@@ -51,7 +58,18 @@ class MatMulKind(Enum):
 
 #: Rows (after batch folding) up to which the GEMV kernels run; past it the tiled GEMM.
 GEMV_MAX_ROWS = 8
+#: GEMM defaults: K-step depth (8 where two buffers of 16-deep tiles overflow workgroup
+#: memory), and the (tile_m, tile_n, thread_m, thread_n) shapes the GPU rule walks from the
+#: largest down until the grid fills ``GEMM_FILL`` of the compute units (the H200 tune run,
+#: ``bench/gemv.py --gemm --tune``, has not yet confirmed these).
 TILE_K = 16
+GEMM_TILES = ((128, 128, 8, 8), (128, 64, 8, 4), (64, 64, 4, 4), (64, 32, 4, 4), (32, 32, 4, 4))
+GEMM_FILL = 0.75
+#: split K when even the smallest tile leaves the grid under GEMM_FILL and each slice keeps
+#: at least this many K steps
+GEMM_SPLIT_MIN_STEPS = 16
+#: floats of padding per shared row (one vec4 keeps rows 16-byte aligned, shifts banks)
+GEMM_PAD = 4
 #: Floats of workgroup memory one reduction round may use (16 KiB fits every profile).
 RED_FLOATS = 4096
 #: GEMV launch shapes. The CPU (lavapipe) keeps the seed shapes: a small workgroup, 2 loads
@@ -102,8 +120,12 @@ class MatMulRequest:
     unroll: int = 4  # GEMV: loads per lane per output per loop step
     subgroup: bool = False  # GEMV: fold partial sums with subgroup shuffles
     subgroup_size: int = 32
-    tile_m: int = 64  # GEMM
-    tile_n: int = 64  # GEMM
+    tile_m: int = 64  # GEMM: output tile rows / columns per workgroup, K-step depth
+    tile_n: int = 64
+    tile_k: int = TILE_K
+    thread_m: int = 4  # GEMM: register block per invocation (multiples of 4)
+    thread_n: int = 4
+    a_vec: int = 1  # GEMM: A floats per load along K
     grid: tuple[int, int] = (1, 1)
     #: a plain MatMul of 16-bit values reads a and writes y in 16 bits too (F32 arithmetic,
     #: the output rounded at its store); a Linear's are F32
@@ -125,8 +147,18 @@ class MatMulRequest:
 
     @property
     def k_chunk(self) -> int:
-        """Rows of K one split sums (the last split may sum fewer)."""
-        return -(-self.k // self.splits)
+        """Rows of K one split sums (the last split may sum fewer; a GEMM slice is a whole
+        number of ``tile_k`` steps, so vector loads never straddle slices)."""
+        c = -(-self.k // self.splits)
+        if self.kind is MatMulKind.GEMM:
+            c = -(-c // self.tile_k) * self.tile_k
+        return c
+
+    @property
+    def gemm_shared_floats(self) -> int:
+        """Floats of workgroup memory the GEMM uses: two buffers of the padded K-major A
+        and B tiles."""
+        return 2 * self.tile_k * (self.tile_m + self.tile_n + 2 * GEMM_PAD)
 
     @property
     def partial_floats(self) -> int:
@@ -143,7 +175,7 @@ class MatMulRequest:
     @property
     def local_size(self) -> int:
         if self.kind is MatMulKind.GEMM:
-            return (self.tile_m // 4) * (self.tile_n // 4)
+            return (self.tile_m // self.thread_m) * (self.tile_n // self.thread_n)
         return self.lanes * self.groups
 
     @property
@@ -176,7 +208,10 @@ class MatMulRequest:
         if self.a_dtype is not F32 or self.out_dtype is not F32:
             head += f" a:{self.a_dtype.value} y:{self.out_dtype.value}"
         if self.kind is MatMulKind.GEMM:
-            tune = f"tile={self.tile_m}x{self.tile_n}x{TILE_K}"
+            tune = (f"tile={self.tile_m}x{self.tile_n}x{self.tile_k} "
+                    f"thread={self.thread_m}x{self.thread_n} vec={self.vec} a_vec={self.a_vec}")
+            if self.splits > 1:
+                tune += f" splits={self.splits}"
         else:
             tune = (f"vec={self.vec} lanes={self.lanes} groups={self.groups} outs={self.outs} "
                     f"unroll={self.unroll} reduce={'subgroup' if self.subgroup else 'shared'}")
@@ -392,6 +427,47 @@ def _gemv_t_gpu(base: MatMulRequest, nb: int, units: int,
     return replace(base, vec=vec, lanes=lanes, groups=groups, outs=1, unroll=unroll)
 
 
+def _fit_tile_k(r: MatMulRequest, profile: DeviceProfile) -> MatMulRequest:
+    """Halve the K step (not below 8) until both buffers fit workgroup memory."""
+    while r.tile_k > 8 and 4 * r.gemm_shared_floats > profile.max_workgroup_memory:
+        r = replace(r, tile_k=r.tile_k // 2)
+    return r
+
+
+def _gemm(base: MatMulRequest, nb: int, units: int, cpu: bool,
+          profile: DeviceProfile) -> MatMulRequest:
+    """GEMM tile shape: on a GPU the largest ``GEMM_TILES`` shape whose grid fills
+    ``GEMM_FILL`` of the units (512x576x1536: 64x64, 192 workgroups; 512x4096x4096:
+    128x128, 128), split-K when even 32x32 does not and K is deep; on the CPU 32x32 tiles
+    of 64 invocations (lavapipe runs a workgroup per core; small tiles waste less on edges).
+    Vector widths: the widest 16-byte-or-less load dividing the contiguous axis."""
+    k, n, m = base.k, base.n, base.m
+    a_vec = _vec(k, F32) if base.a_dtype is F32 else 1
+    vec = min(_vec(k if base.transpose_b else n, base.b_dtype), 8)
+    req = replace(base, a_vec=a_vec, vec=vec)
+
+    def wgs(t: tuple[int, int, int, int]) -> int:
+        return nb * -(-m // t[0]) * -(-n // t[1])
+
+    if cpu:
+        shape = (32, 32, 4, 4)
+    else:
+        fits = [t for t in GEMM_TILES
+                if (t[0] // t[2]) * (t[1] // t[3]) <= profile.max_invocations
+                and 4 * 2 * 8 * (t[0] + t[1] + 2 * GEMM_PAD) <= profile.max_workgroup_memory]
+        shape = next((t for t in fits if wgs(t) >= GEMM_FILL * units), fits[-1])
+    req = replace(req, tile_m=shape[0], tile_n=shape[1], thread_m=shape[2],
+                  thread_n=shape[3], tile_k=TILE_K if not cpu else 8)
+    req = _fit_tile_k(req, profile)
+    if not cpu and wgs(shape) < GEMM_FILL * units:
+        splits = 1
+        while (wgs(shape) * splits * 2 <= units
+               and k // (splits * 2) >= GEMM_SPLIT_MIN_STEPS * req.tile_k):
+            splits *= 2
+        req = replace(req, splits=splits)
+    return req
+
+
 def choose_matmul(
     a_shape: tuple[int, ...], b_shape: tuple[int, ...], out_shape: tuple[int, ...],
     *, transpose_b: bool, b_dtype: DType, profile: DeviceProfile,
@@ -449,10 +525,11 @@ def choose_matmul(
         outs = 2 if nb * -(-n // (groups * 2)) >= GEMV_WAVES * units else 1
         req = replace(base, vec=vec, lanes=lanes, groups=groups, outs=outs, unroll=2)
     else:
-        tm = 64 if m > 32 else 32
-        req = replace(base, tile_m=tm, tile_n=64 if n > 32 else 32)
+        req = _gemm(base, nb, units, cpu, profile)
     if f.overrides:
         req = replace(req, **dict(f.overrides))
+        if req.kind is MatMulKind.GEMM and "tile_k" not in dict(f.overrides):
+            req = _fit_tile_k(req, profile)
     if req.subgroup and req.local_size % req.subgroup_size:
         req = replace(req, subgroup=False)  # a partial subgroup: shuffles would read idle lanes
     check_matmul(req, profile)
@@ -465,9 +542,26 @@ def check_matmul(r: MatMulRequest, profile: DeviceProfile) -> None:
         return x >= 1 and x & (x - 1) == 0
 
     if r.kind is MatMulKind.GEMM:
-        if r.tile_m % 4 or r.tile_n % 4 or r.local_size > profile.max_invocations:
-            raise ShapeError(f"GEMM tile {r.tile_m}x{r.tile_n}: multiples of 4, "
+        wa = 4 if r.a_dtype is F32 else 1
+        wb = 4 if r.b_dtype is F32 else 8
+        cont = r.k if r.transpose_b else r.n
+        if (r.thread_m % 4 or r.thread_n % 4 or r.tile_m % r.thread_m
+                or r.tile_n % r.thread_n or r.local_size > profile.max_invocations):
+            raise ShapeError(f"GEMM tile {r.tile_m}x{r.tile_n}, thread {r.thread_m}x"
+                             f"{r.thread_n}: thread blocks multiples of 4 dividing the tile, "
                              f"<= {profile.max_invocations} invocations")
+        if not (p2(r.a_vec) and r.a_vec <= wa and r.k % r.a_vec == 0
+                and p2(r.vec) and r.vec <= wb and cont % r.vec == 0
+                and r.tile_k % max(r.a_vec, r.vec, 4) == 0
+                and (r.transpose_b or r.tile_n % r.vec == 0)):
+            raise ShapeError(f"GEMM: a_vec={r.a_vec} must divide K={r.k}, vec={r.vec} the "
+                             f"contiguous B axis ({cont}), both tile_k={r.tile_k}")
+        if 4 * r.gemm_shared_floats > profile.max_workgroup_memory:
+            raise ShapeError(f"GEMM: {4 * r.gemm_shared_floats} B of tiles > "
+                             f"{profile.max_workgroup_memory} B of workgroup memory")
+        if r.splits < 1 or r.splits > -(-r.k // r.tile_k):
+            raise ShapeError(f"GEMM: splits={r.splits} outside 1..{-(-r.k // r.tile_k)} "
+                             "K steps")
         return
     axis = r.n if r.kind is MatMulKind.GEMV_N else r.k
     if axis % r.vec or not p2(r.vec) or r.vec > (8 if r.b_dtype in (F16, BF16) else 4):

@@ -26,8 +26,8 @@ from ..ir import BF16, F16, F32, DType
 from ..ir import prims as P
 from ..plan.matmul_schedule import (
     COMBINE_LOCAL,
+    GEMM_PAD,
     RED_FLOATS,
-    TILE_K,
     MatMulCombineRequest,
     MatMulKind,
     MatMulRequest,
@@ -122,6 +122,12 @@ def _scalars(name: str, width: int) -> list[str]:
     return [name] if width == 1 else [f"{name}.{c}" for c in "xyzw"[:width]]
 
 
+def _y_vec4(r: MatMulRequest) -> bool:
+    """The GEMM stores F32 results as vec4s (every row starts on a vec4: N % 4 == 0)."""
+    return (r.kind is MatMulKind.GEMM and (r.out_dtype is F32 or r.splits > 1)
+            and r.n % 4 == 0)
+
+
 def _head(r: MatMulRequest) -> str:
     ext = []
     if r.subgroup and r.kind is not MatMulKind.GEMM:
@@ -129,11 +135,14 @@ def _head(r: MatMulRequest) -> str:
                 "#extension GL_KHR_shader_subgroup_shuffle : require"]
     if r.a_dtype is not F32:
         a_elem = "uint16_t"
+    elif r.kind is MatMulKind.GEMM:
+        a_elem = _ftype(r.a_vec)
     else:
         a_elem = _ftype(_a_width(r)) if r.kind is MatMulKind.GEMV_T else "float"
-    b_elem = _b_type(r) if r.kind is not MatMulKind.GEMM else (
-        "float" if r.b_dtype is F32 else "uint16_t")
+    b_elem = _b_type(r)
     y_elem = "float" if r.out_dtype is F32 or r.splits > 1 else "uint16_t"
+    if _y_vec4(r):
+        y_elem = "vec4"
     if "uint16_t" in (a_elem, b_elem, y_elem):
         ext.insert(0, "#extension GL_EXT_shader_16bit_storage : require")
     blocks = [("a", a_elem, "readonly"), ("b", b_elem, "readonly"), ("y", y_elem, "writeonly")]
@@ -380,18 +389,98 @@ def _gemv_t(r: MatMulRequest) -> str:
             + "void main() {\n" + "\n".join(L) + "\n}\n")
 
 
-def _gemm(r: MatMulRequest) -> str:
-    BM, BN, BK = r.tile_m, r.tile_n, TILE_K
-    M, K, N = r.m, r.k, r.n
-    TX = BN // 4  # invocations along n
+def _elements(word: str, w: int, dt: DType) -> list[str]:
+    """The ``w`` elements of one loaded word (F32 vector or raw 16-bit words) as floats."""
+    if dt is F32:
+        return _scalars(word, w)
+    if w == 1:
+        return [_to_f32(word, dt)]
+    f = "unpackHalf2x16" if dt is F16 else "bf2"
+    comps = _scalars(word, w // 2)
+    return [f"{f}({c}).{h}" for c in comps for h in "xy"]
+
+
+def _tile_io(
+    r: MatMulRequest, name: str, buf: str, *, rows: int, cont: int, w: int, dt: DType,
+    row0: str, row_lim: str, cont0: str, cont_lim: str, stride: int, base: str,
+    k_major: bool, srow4: int,
+) -> tuple[list[str], list[str], list[str]]:
+    """One operand tile's move global -> registers -> shared memory.
+
+    The tile is ``rows`` x ``cont`` elements of a row-major global matrix (row stride
+    ``stride`` elements, element ``base``), ``cont`` along its contiguous axis, read as
+    ``w``-element words (``cont`` and the start a multiple of ``w``). Word ``i`` of the tile
+    goes to invocation ``i % local_size``; a word outside ``row_lim``/``cont_lim`` loads
+    zeros (its address clamped, so no load leaves the matrix). The shared array is K-major
+    with ``srow4`` vec4s per K row: when the contiguous axis is K (``k_major``) the word is
+    transposed into ``w`` K rows (scalar stores); otherwise it is one K row's run of N
+    (vec4 stores when ``w >= 4``). Returns (declarations, loads, stores); the loads and
+    stores take ``k0`` and the shared buffer offset ``{buf}`` (in vec4s) from the caller.
+    """
     WG = r.local_size
+    per_row = cont // w
+    words = rows * per_row
+    bt = _ftype(w) if dt is F32 else {8: "uvec4", 4: "uvec2", 2: "uint", 1: "uint16_t"}[w]
+    src = f"{name[1]}[{name}_e_ / {w}u]" if w > 1 else f"{name[1]}[{name}_e_]"
+    reg = _local(bt)
+    zero = f"{reg}(0)" if reg != "float" else "0.0"
+    decl, loads, stores = [], [], []
+    for t in range(-(-words // WG)):
+        v = f"{name}{t}"
+        decl.append(f"{reg} {v} = {zero};")
+        guard = f"tid < {words - t * WG}u" if (t + 1) * WG > words else ""
+        body_l = [
+            f"uint {v}_i = tid + {t * WG}u;",
+            f"uint {v}_r = {v}_i / {per_row}u;",
+            f"uint {v}_c = {v}_i % {per_row}u * {w}u;",
+            f"uint {v}_gr = {row0} + {v}_r;",
+            f"uint {v}_gc = {cont0} + {v}_c;",
+            f"bool {v}_ok = {v}_gr < {row_lim} && {v}_gc < {cont_lim};",
+            f"uint {v}_e = {base} + min({v}_gr, {row_lim} - 1u) * {stride}u"
+            f" + min({v}_gc, {cont_lim} - {w}u);",
+            f"{v} = {v}_ok ? {_load(bt, src.replace(f'{name}_e_', f'{v}_e'))} : {zero};",
+        ]
+        els = _elements(v, w, dt)
+        body_s = [f"uint {v}_i = tid + {t * WG}u;",
+                  f"uint {v}_r = {v}_i / {per_row}u;",
+                  f"uint {v}_c = {v}_i % {per_row}u * {w}u;"]
+        if k_major:  # element j of the word is K row c + j, column r of the tile
+            for j, e in enumerate(els):
+                body_s.append(f"{buf}s[{buf} + ({v}_c + {j}u) * {srow4}u + {v}_r / 4u]"
+                              f"[{v}_r % 4u] = {e};")
+        elif w >= 4:  # one K row (r), N run c .. c + w: whole vec4s
+            for q in range(w // 4):
+                vec = v if dt is F32 else f"vec4({', '.join(els[4 * q:4 * q + 4])})"
+                body_s.append(f"{buf}s[{buf} + {v}_r * {srow4}u + {v}_c / 4u + {q}u] = {vec};")
+        else:
+            for j, e in enumerate(els):
+                body_s.append(f"{buf}s[{buf} + {v}_r * {srow4}u + ({v}_c + {j}u) / 4u]"
+                              f"[({v}_c + {j}u) % 4u] = {e};")
+        for out, body in ((loads, body_l), (stores, body_s)):
+            if guard:
+                out.append(f"if ({guard}) {{")
+                out += ["    " + b for b in body]
+                out.append("}")
+            else:
+                out.append("{")
+                out += ["    " + b for b in body]
+                out.append("}")
+    return decl, loads, stores
+
+
+def _gemm(r: MatMulRequest) -> str:
+    """The SIMT GEMM (see ``pootvk.plan.matmul_schedule``): K-major padded shared tiles,
+    double-buffered through registers, a ``thread_m x thread_n`` register block per
+    invocation. Invocation (tx, ty) owns the vec4 columns ``tx + j * TX`` and the vec4 rows
+    ``ty + i * TY`` of the tile, so a warp's B reads are consecutive vec4s (no bank
+    conflicts) and its A reads are broadcasts."""
+    BM, BN, BK = r.tile_m, r.tile_n, r.tile_k
+    M, K, N = r.m, r.k, r.n
+    TM4, TN4 = r.thread_m // 4, r.thread_n // 4
+    TX, TY = BN // r.thread_n, BM // r.thread_m
+    SA4, SB4 = BM // 4 + GEMM_PAD // 4, BN // 4 + GEMM_PAD // 4  # vec4s per shared K row
+    A_BUF, B_BUF = BK * SA4, BK * SB4
     tiles_n = -(-N // BN)
-    if r.b_dtype is F32:
-        conv = "b[{}]"
-    elif r.b_dtype is F16:
-        conv = "unpackHalf2x16(uint(b[{}])).x"
-    else:
-        conv = "uintBitsToFloat(uint(b[{}]) << 16)"
     L: list[str] = []
 
     def emit(s: str) -> None:
@@ -403,51 +492,81 @@ def _gemm(r: MatMulRequest) -> str:
     emit(f"uint ty = tid / {TX}u;")
     emit(f"uint m0 = tile / {tiles_n}u * {BM}u;")
     emit(f"uint n0 = tile % {tiles_n}u * {BN}u;")
-    for i in range(4):
-        emit(f"vec4 c{i} = vec4(0.0);")
-    emit(f"for (uint k0 = 0u; k0 < {K}u; k0 += {BK}u) {{")
-    # A tile: BM x BK, read along k
-    emit(f"    for (uint idx = tid; idx < {BM * BK}u; idx += {WG}u) {{")
-    emit(f"        uint mm = idx / {BK}u;")
-    emit(f"        uint kq = idx % {BK}u;")
-    emit("        uint gm = m0 + mm;")
-    emit("        uint gk = k0 + kq;")
-    emit(f"        As[kq * {BM}u + mm] = (gm < {M}u && gk < {K}u) ? "
-         f"{_a_vec(r, f'aoff + gm * {K}u + gk', 1)} : 0.0;")
-    emit("    }")
-    # B tile: BK x BN, read along the stored contiguous axis
-    emit(f"    for (uint idx = tid; idx < {BK * BN}u; idx += {WG}u) {{")
-    if r.transpose_b:
-        emit(f"        uint nn = idx / {BK}u;")
-        emit(f"        uint kq = idx % {BK}u;")
-        src = f"boff + (n0 + nn) * {K}u + k0 + kq"
+    if r.splits > 1:
+        emit(f"uint kbeg = min(split * {r.k_chunk}u, {K}u);")
+        emit(f"uint kend = min(kbeg + {r.k_chunk}u, {K}u);")
     else:
-        emit(f"        uint kq = idx / {BN}u;")
-        emit(f"        uint nn = idx % {BN}u;")
-        src = f"boff + (k0 + kq) * {N}u + n0 + nn"
-    emit(f"        bool ok = n0 + nn < {N}u && k0 + kq < {K}u;")
-    emit(f"        Bs[kq * {BN}u + nn] = ok ? {conv.format(src)} : 0.0;")
+        emit("uint kbeg = 0u;")
+        emit(f"uint kend = {K}u;")
+    emit(f"uint steps = (kend - kbeg + {BK - 1}u) / {BK}u;")
+    a_io = _tile_io(r, "la", "A", rows=BM, cont=BK, w=r.a_vec, dt=r.a_dtype, row0="m0",
+                    row_lim=f"{M}u", cont0="k0", cont_lim="kend", stride=K, base="aoff",
+                    k_major=True, srow4=SA4)
+    if r.transpose_b:  # b[n, k]: rows of N, K contiguous
+        b_io = _tile_io(r, "lb", "B", rows=BN, cont=BK, w=r.vec, dt=r.b_dtype, row0="n0",
+                        row_lim=f"{N}u", cont0="k0", cont_lim="kend", stride=K, base="boff",
+                        k_major=True, srow4=SB4)
+    else:  # b[k, n]: rows of K, N contiguous
+        b_io = _tile_io(r, "lb", "B", rows=BK, cont=BN, w=r.vec, dt=r.b_dtype, row0="k0",
+                        row_lim="kend", cont0="n0", cont_lim=f"{N}u", stride=N, base="boff",
+                        k_major=False, srow4=SB4)
+    for line in a_io[0] + b_io[0]:
+        emit(line)
+    for i in range(r.thread_m):
+        for j in range(TN4):
+            emit(f"vec4 c{i}_{j} = vec4(0.0);")
+    emit("if (steps > 0u) {  // the first K step, into buffer 0")
+    emit("    uint k0 = kbeg;")
+    emit("    uint A = 0u;")
+    emit("    uint B = 0u;")
+    for line in a_io[1] + b_io[1] + a_io[2] + b_io[2]:
+        emit("    " + line)
+    emit("}")
+    emit("barrier();")
+    emit("for (uint s = 0u; s < steps; ++s) {")
+    emit("    bool more = s + 1u < steps;")
+    emit(f"    uint k0 = kbeg + (s + 1u) * {BK}u;")
+    emit("    if (more) {  // the next step's loads, in flight during this step's FMAs")
+    for line in a_io[1] + b_io[1]:
+        emit("        " + line)
     emit("    }")
-    emit("    barrier();")
+    emit(f"    uint ca = (s & 1u) * {A_BUF}u + ty;")
+    emit(f"    uint cb = (s & 1u) * {B_BUF}u + tx;")
     emit(f"    for (uint kq = 0u; kq < {BK}u; ++kq) {{")
-    emit(f"        uint ab = kq * {BM}u + ty * 4u;")
-    emit(f"        uint bb = kq * {BN}u + tx * 4u;")
-    emit("        vec4 av = vec4(As[ab], As[ab + 1u], As[ab + 2u], As[ab + 3u]);")
-    emit("        vec4 bv = vec4(Bs[bb], Bs[bb + 1u], Bs[bb + 2u], Bs[bb + 3u]);")
-    for i, c in enumerate("xyzw"):
-        emit(f"        c{i} += av.{c} * bv;")
+    for i in range(TM4):
+        emit(f"        vec4 a{i} = As[ca + kq * {SA4}u + {i * TY}u];")
+    for j in range(TN4):
+        emit(f"        vec4 b{j} = Bs[cb + kq * {SB4}u + {j * TX}u];")
+    for i in range(r.thread_m):
+        for j in range(TN4):
+            emit(f"        c{i}_{j} += a{i // 4}.{'xyzw'[i % 4]} * b{j};")
+    emit("    }")
+    emit("    if (more) {  // into the other buffer: its last readers passed the last barrier")
+    emit(f"        uint A = ((s + 1u) & 1u) * {A_BUF}u;")
+    emit(f"        uint B = ((s + 1u) & 1u) * {B_BUF}u;")
+    for line in a_io[2] + b_io[2]:
+        emit("        " + line)
     emit("    }")
     emit("    barrier();")
     emit("}")
-    for i in range(4):
-        emit(f"uint row{i} = m0 + ty * 4u + {i}u;")
+    for i in range(r.thread_m):
+        emit(f"uint row{i} = m0 + ({i // 4 * TY}u + ty) * 4u + {i % 4}u;")
+    for j in range(TN4):
+        emit(f"uint col{j} = n0 + ({j * TX}u + tx) * 4u;")
+    for i in range(r.thread_m):
         emit(f"if (row{i} < {M}u) {{")
-        for j, c in enumerate("xyzw"):
-            emit(f"    uint col{i}{j} = n0 + tx * 4u + {j}u;")
-            emit(f"    if (col{i}{j} < {N}u) y[yoff + row{i} * {N}u + col{i}{j}] = "
-                 f"{_store(r, f'c{i}.{c}')};")
+        if _y_vec4(r):  # a column vec4 lies wholly inside N or wholly outside
+            for j in range(TN4):
+                emit(f"    if (col{j} < {N}u) y[(yoff + row{i} * {N}u + col{j}) / 4u] = "
+                     f"c{i}_{j};")
+            emit("}")
+            continue
+        for j in range(TN4):
+            for q, c in enumerate("xyzw"):
+                emit(f"    if (col{j} + {q}u < {N}u) y[yoff + row{i} * {N}u + col{j} + {q}u] = "
+                     f"{_store(r, f'c{i}_{j}.{c}')};")
         emit("}")
-    return (_head(r) + f"shared float As[{BK * BM}];\nshared float Bs[{BK * BN}];\n"
+    return (_head(r) + f"shared vec4 As[{2 * A_BUF}];\nshared vec4 Bs[{2 * B_BUF}];\n"
             + "void main() {\n" + "\n".join(L) + "\n}\n")
 
 

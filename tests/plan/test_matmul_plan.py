@@ -59,7 +59,40 @@ def test_decode_rows_take_a_gemv_that_fills_the_h200(k, n, transpose):
 def test_prefill_rows_take_the_tiled_gemm():
     r = _only_request(_linear((4, 128), 4096, 1024, True), H200)
     assert r.kind is MatMulKind.GEMM and r.m == 512 and r.batch == ()
-    assert r.tile_m == 64 and r.tile_n == 64
+    assert r.tile_m == 64 and r.tile_n == 64  # 128 workgroups of 132 units
+    assert (r.thread_m, r.thread_n, r.local_size) == (4, 4, 256)
+
+
+@pytest.mark.parametrize(("k", "n", "tile"), [
+    (576, 1536, (64, 64)),  # SmolLM2's up projection: 192 workgroups
+    (4096, 4096, (128, 128)),  # 128 workgroups, 33 KiB of the 48 KiB workgroup memory
+])
+@pytest.mark.parametrize("transpose", [False, True], ids=["KxN", "NxK"])
+def test_prefill_gemm_fills_the_h200(k, n, tile, transpose):
+    """The largest tile whose grid fills 3/4 of the units, 16-byte loads of A and B, both
+    shared buffers within the profile's workgroup memory."""
+    r = _only_request(_linear((512,), k, n, transpose), H200)
+    assert r.kind is MatMulKind.GEMM and (r.tile_m, r.tile_n) == tile and r.splits == 1
+    assert r.tile_k == 16 and r.vec == 8 and r.a_vec == 4
+    assert r.workgroups >= 0.75 * H200.compute_units
+    assert 4 * r.gemm_shared_floats <= H200.max_workgroup_memory
+
+
+def test_small_deep_gemm_splits_k():
+    """[64, 8192] x [8192, 64]: even 32x32 tiles give 4 workgroups, so K is cut into slices
+    of >= 16 steps until the grid nears the unit count (a partial and a combine launch)."""
+    plan = plan_graph(_linear((64,), 8192, 64, True), H200)
+    part, comb = [k.request for k in plan.kernels]
+    assert part.kind is MatMulKind.GEMM and (part.tile_m, part.tile_n) == (32, 32)
+    assert part.splits == 32 and part.k_chunk == 256 and part.workgroups == 128
+    assert comb.partial == part
+
+
+def test_gemm_refuses_tiles_past_workgroup_memory():
+    """A forced 16-deep 128x128 tile on lavapipe's 32 KiB fails typed, with the numbers."""
+    with forced_matmul("gemm", tile_m=128, tile_n=128, thread_m=8, thread_n=8, tile_k=16), \
+            pytest.raises(ShapeError, match="33792 B of tiles > 32768"):
+        _only_request(_linear((64,), 64, 64, True), recorded_profile("lavapipe"))
 
 
 def test_rows_switch_at_the_gemv_limit():
@@ -70,9 +103,11 @@ def test_rows_switch_at_the_gemv_limit():
 def test_every_recorded_profile_plans_within_its_limits():
     for name, prof in recorded_profiles().items():
         for g in (_linear((1,), 576, 1536, True, F32), _linear((1,), 576, 1536, False, F32),
-                  _linear((100,), 96, 80, True, F32)):
+                  _linear((100,), 96, 80, True, F32), _linear((512,), 4096, 4096, True, F32)):
             r = _only_request(g, prof)
             assert r.local_size <= prof.max_invocations, name
+            if r.kind is MatMulKind.GEMM:  # both tile buffers fit (mobile_16k: 128x64x8)
+                assert 4 * r.gemm_shared_floats <= prof.max_workgroup_memory, name
             assert r.grid[0] <= prof.max_grid[0], name
 
 

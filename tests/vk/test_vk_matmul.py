@@ -54,7 +54,9 @@ def run(device, a_shape, w_shape, dt=F32, transpose=False, kind=None, seed=0, **
     g = linear_graph(a_shape, w_shape, dt, transpose)
     with forced_matmul(kind, **fields), build_replay(g, device) as rp:
         reqs = [k.request for k in rp.plan.kernels]
-        assert len(reqs) == 1 and isinstance(reqs[0], MatMulRequest), [r.describe() for r in reqs]
+        assert isinstance(reqs[0], MatMulRequest), [r.describe() for r in reqs]
+        # one kernel, or a split-K partial launch and its combine
+        assert len(reqs) == 1 + (reqs[0].splits > 1), [r.describe() for r in reqs]
         rp.set_params({"w": w})
         y = rp.step({"x": x})["y"]
     w64 = w.astype(np.float64)
@@ -78,13 +80,68 @@ def test_gemv(device, dt, transpose, m, k, n):
     assert_close(y, ref, TOL)
 
 
-@pytest.mark.parametrize("dt", [F32, F16], ids=lambda d: d.value)
+@pytest.mark.parametrize("dt", DTS, ids=lambda d: d.value)
 @pytest.mark.parametrize("transpose", [False, True], ids=["KxN", "NxK"])
-def test_gemm(device, dt, transpose):
-    """Prefill rows: the tiled GEMM, M and N not multiples of its tiles, K not of TILE_K."""
-    m, k, n = 70, 37, 45
+@pytest.mark.parametrize(("m", "k", "n"), [(9, 37, 45), (70, 64, 40), (300, 130, 67)])
+def test_gemm(device, dt, transpose, m, k, n):
+    """Prefill rows from the GEMV/GEMM boundary (9) to 300: M and N not multiples of the
+    tiles, K odd (scalar loads, a partial K step) or a multiple of 16-byte words."""
     y, ref, req = run(device, (m, k), (n, k) if transpose else (k, n), dt, transpose)
     assert req.kind is MatMulKind.GEMM
+    assert_close(y, ref, TOL)
+
+
+#: forced GEMM shapes: the GPU tiles (128x128 with 8x8 blocks at an 8-deep K step, 128x64,
+#: 64x64), narrow loads, split-K (uneven slices, one empty) and 16-deep steps
+GEMM_FORCED = [
+    {"tile_m": 128, "tile_n": 128, "thread_m": 8, "thread_n": 8, "tile_k": 8},
+    {"tile_m": 128, "tile_n": 64, "thread_m": 8, "thread_n": 4, "tile_k": 16},
+    {"tile_m": 64, "tile_n": 64, "thread_m": 4, "thread_n": 4, "tile_k": 16, "vec": 2,
+     "a_vec": 2},
+    {"tile_m": 32, "tile_n": 64, "thread_m": 4, "thread_n": 8, "tile_k": 8, "splits": 3},
+    {"tile_m": 64, "tile_n": 32, "thread_m": 8, "thread_n": 4, "tile_k": 8, "splits": 4,
+     "vec": 1, "a_vec": 1},
+]
+
+
+@pytest.mark.parametrize("dt", DTS, ids=lambda d: d.value)
+@pytest.mark.parametrize("transpose", [False, True], ids=["KxN", "NxK"])
+@pytest.mark.parametrize("fields", GEMM_FORCED, ids=lambda f: "-".join(map(str, f.values())))
+def test_gemm_forced_shapes(device, dt, transpose, fields):
+    """Every tile / register-block / vector / split-K shape the GPU rule or the tuner may
+    pick, on a problem with edges on every axis (M = 131, K = 40 = 2.5 steps of 16 or 5 of
+    8, N = 136: a partial 128-column tile)."""
+    m, k, n = 131, 40, 136
+    y, ref, req = run(device, (m, k), (n, k) if transpose else (k, n), dt, transpose,
+                      "gemm", **fields)
+    assert all(getattr(req, f) == v for f, v in fields.items()), req.describe()
+    assert_close(y, ref, TOL)
+
+
+@pytest.mark.parametrize("dt", [F32, F16], ids=lambda d: d.value)
+@pytest.mark.parametrize("transpose", [False, True], ids=["KxN", "NxK"])
+def test_gemm_h200_rule_shapes(device, dt, transpose):
+    """The GEMM the H200 rule picks for SmolLM2's up projection ([512,576] x [576,1536]),
+    forced on the CI device over fewer rows (M = 100: partial row tiles)."""
+    from pootvk.plan import choose_matmul, recorded_profile
+
+    k, n = 576, 1536
+    w_shape = (n, k) if transpose else (k, n)
+    h200 = choose_matmul((512, k), w_shape, (512, n), transpose_b=transpose, b_dtype=dt,
+                         profile=recorded_profile("nvidia_h200"))
+    names = ("tile_m", "tile_n", "thread_m", "thread_n", "vec", "a_vec", "splits")
+    fields = {f: getattr(h200, f) for f in names}
+    y, ref, req = run(device, (100, k), w_shape, dt, transpose, "gemm", **fields)
+    assert all(getattr(req, f) == v for f, v in fields.items())
+    assert_close(y, ref, TOL)
+
+
+def test_gemm_batched_weights_split_k(device):
+    """Batched B (not folded into rows) with A broadcast, split-K: partials per batch
+    element and slice, summed by the combine."""
+    y, ref, req = run(device, (2, 1, 12, 72), (2, 3, 72, 20), F16, False, "gemm",
+                      tile_m=32, tile_n=32, tile_k=8, splits=3)
+    assert req.batch == (2, 3) and req.splits == 3
     assert_close(y, ref, TOL)
 
 
@@ -161,7 +218,8 @@ def test_gemv_h200_rule_shapes(device, dt, transpose, k, n):
 
 def test_gemm_forced_on_decode_rows(device):
     """The GEMM is correct for one row too (forced), in the tiles' smallest form."""
-    y, ref, req = run(device, (1, 50), (50, 7), F32, False, "gemm", tile_m=32, tile_n=32)
+    y, ref, req = run(device, (1, 50), (50, 7), F32, False, "gemm", tile_m=32, tile_n=32,
+                      tile_k=8)
     assert req.kind is MatMulKind.GEMM
     assert_close(y, ref, TOL)
 
@@ -262,3 +320,24 @@ def test_split_k_of_16bit_values_rounds_at_the_combine(device):
     want = x.astype(np.float64) @ w.astype(np.float64)
     np.testing.assert_array_equal(np.asarray(y, np.float32), stored(np.asarray(y, np.float32), F16))
     assert_close(np.asarray(y, np.float64), want, 1e-6)
+
+
+@pytest.mark.parametrize("dt", [F16, BF16], ids=lambda d: d.value)
+def test_gemm_split_k_of_16bit_values_rounds_at_the_combine(device, dt):
+    """A plain 16-bit GEMM split over K (an uneven last slice): F32 partials, the combine
+    rounds each sum once to the dtype."""
+    rng = np.random.default_rng(8)
+    x = stored(rng.standard_normal((37, 52)).astype(np.float32), dt)
+    w = stored(rng.standard_normal((52, 30)).astype(np.float32), dt)
+    b = Builder()
+    b.export("y", b.matmul(b.input("x", x.shape, dt), b.input("w", w.shape, dt)))
+    with forced_matmul("gemm", tile_m=32, tile_n=32, tile_k=8, splits=3), \
+            build_replay(b.build(), device) as rp:
+        part, comb = [k.request for k in rp.plan.kernels]
+        assert part.kind is MatMulKind.GEMM and part.splits == 3 and part.out_dtype is dt
+        assert isinstance(comb, MatMulCombineRequest)
+        y = rp.step({"x": x.astype(dt.numpy), "w": w.astype(dt.numpy)})["y"]
+    want = x.astype(np.float64) @ w.astype(np.float64)
+    got = np.asarray(y, np.float32)
+    np.testing.assert_array_equal(got, stored(got, dt))
+    assert_close(np.asarray(y, np.float64), want, 1e-6 if dt is F16 else 2e-5)
