@@ -213,3 +213,13 @@ class GuardFailed(PootvkError, ValueError):
             f"index guard {guard!r} failed: {count} value(s){where}, e.g. {value}; "
             "nothing published (outputs not returned, state unchanged)"
         )
+
+
+# --- models --------------------------------------------------------------------------------
+class PromptTooLong(PootvkError, ValueError):
+    """A prompt (plus at least one generated token) does not fit the model's context."""
+
+    def __init__(self, prompt_tokens: int, context: int) -> None:
+        self.prompt_tokens, self.context = prompt_tokens, context
+        super().__init__(f"the prompt is {prompt_tokens} tokens; the context holds {context} "
+                         f"(at most {context - 1} prompt tokens leave room for one more)")

@@ -1,7 +1,20 @@
-"""KV caches, the decode-loop driver and the Llama-shaped test model."""
+"""KV caches, the decode-loop driver, the Llama model graphs and text generation."""
 
 from .decode_loop import DecodeLoop
-from .model import LlamaConfig, LlamaModel, OracleLlama, random_weights, trace_llama
+from .generate import TextModel, load
+from .model import (
+    PREFILL_BUCKETS,
+    LlamaConfig,
+    LlamaModel,
+    OracleLlama,
+    model_params,
+    prefill_chunks,
+    random_weights,
+    trace_llama,
+    trace_prefill,
+)
+from .sampling import sample
 
-__all__ = ["DecodeLoop", "LlamaConfig", "LlamaModel", "OracleLlama", "random_weights",
-           "trace_llama"]
+__all__ = ["PREFILL_BUCKETS", "DecodeLoop", "LlamaConfig", "LlamaModel", "OracleLlama",
+           "TextModel", "load", "model_params", "prefill_chunks", "random_weights", "sample",
+           "trace_llama", "trace_prefill"]
