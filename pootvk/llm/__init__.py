@@ -4,6 +4,7 @@ from .decode_loop import DecodeLoop
 from .generate import TextModel, load
 from .model import (
     PREFILL_BUCKETS,
+    SMOLLM2_135M,
     LlamaConfig,
     LlamaModel,
     OracleLlama,
@@ -15,6 +16,6 @@ from .model import (
 )
 from .sampling import sample
 
-__all__ = ["PREFILL_BUCKETS", "DecodeLoop", "LlamaConfig", "LlamaModel", "OracleLlama",
+__all__ = ["PREFILL_BUCKETS", "SMOLLM2_135M", "DecodeLoop", "LlamaConfig", "LlamaModel", "OracleLlama",
            "TextModel", "load", "model_params", "prefill_chunks", "random_weights", "sample",
            "trace_llama", "trace_prefill"]

