@@ -143,7 +143,14 @@ def _split_note(req: object) -> str:
 
 def kernel_summary(req: object) -> str:
     """One line for a planned kernel: its schedule, launch shape and split count."""
-    from .plan import AttentionRequest, DecodeCombineRequest, DecodeRequest, PrimRequest
+    from .plan import (
+        AttentionRequest,
+        DecodeCombineRequest,
+        DecodeRequest,
+        PrimRequest,
+        ReduceRequest,
+        ScatterRequest,
+    )
 
     if isinstance(req, DecodeRequest):
         extra = ", fused combine" if req.splits > 1 and req.fused_combine else ""
@@ -159,6 +166,8 @@ def kernel_summary(req: object) -> str:
                 f"{req.keys_per_step} keys/step{_split_note(req)}")
     if isinstance(req, PrimRequest):
         return f"{req.prim}: {req.threads} invocations"
+    if isinstance(req, ReduceRequest | ScatterRequest):
+        return f"{req.describe()}: {req.grid[0] * req.grid[1]} workgroups x {req.local_size}"
     return repr(req)
 
 

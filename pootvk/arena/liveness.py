@@ -22,12 +22,20 @@ def kernel_items(
     *,
     fixed: set[Var],
     scratch: Mapping[object, int],
+    views: Mapping[Var, Var] | None = None,
 ) -> tuple[list[Item], dict[object, str]]:
     """Items with [first, last] kernel intervals, and each value's/scratch's item name.
 
     ``kernel_eqns[k]`` is the eqn kernel ``k`` runs (non-decreasing); ``scratch`` maps each
-    declared scratch (an object with ``nbytes``) to its eqn.
+    declared scratch (an object with ``nbytes``) to its eqn. ``views`` maps a value that
+    shares another's bytes (a Reshape run as a view) to that root: a view is no item, and
+    its root lives until the view's last use too.
     """
+    ends: dict[Var, int] = {}
+    for view, root in (views or {}).items():
+        end = info.last_use(view)
+        if end is not None:
+            ends[root] = max(ends.get(root, end), end)
     ks = list(kernel_eqns)
 
     def first(eqn: int) -> int:
@@ -39,9 +47,9 @@ def kernel_items(
     items: list[Item] = []
     names: dict[object, str] = {}
     for v, p in info.producer.items():
-        if v in fixed:
+        if v in fixed or v in (views or {}):
             continue
-        end = info.last_use(v)
+        end = max((e for e in (info.last_use(v), ends.get(v)) if e is not None), default=None)
         name = f"v{len(names)}"
         names[v] = name
         items.append(Item(name, v.nbytes, first(p), max(last(p if end is None else end),

@@ -20,12 +20,18 @@ class DType(Enum):
         return self in (DType.F32, DType.F16, DType.BF16)
 
     @property
+    def is_16bit(self) -> bool:
+        """Stored as 16-bit words (F16, BF16); kernels compute such values in F32."""
+        return self in (DType.F16, DType.BF16)
+
+    @property
     def is_int(self) -> bool:
         return self in (DType.I32, DType.U32)
 
     @property
     def numpy(self) -> np.dtype:
-        """The numpy dtype the oracle computes in (BF16 is emulated in F32)."""
+        """The numpy dtype the oracle holds values in (BF16 emulated in F32). The oracle
+        computes F16/BF16 operands in F32 and rounds each result once, as kernels do."""
         return np.dtype(_NUMPY[self])
 
     @property

@@ -73,6 +73,13 @@ class UnaryOp(Enum):
     RECIP = "Recip"
     SIGMOID = "Sigmoid"
     SILU = "Silu"
+    COS = "Cos"
+    SIN = "Sin"
+
+    @property
+    def takes_int(self) -> bool:
+        """Whether the op is defined on I32 (Neg, Abs); the others are float-only."""
+        return self in (UnaryOp.NEG, UnaryOp.ABS)
 
 
 class CompareOp(Enum):
@@ -111,6 +118,10 @@ CONCAT = Prim("Concat", None, axis=int)
 MATMUL = Prim("MatMul", 2)
 REDUCE = Prim("Reduce", 1, op=ReduceOp, axis=int, keepdim=bool)
 DYNAMIC_UPDATE_SLICE = Prim("DynamicUpdateSlice", None)
+SCATTER_UPDATE = Prim("ScatterUpdate", 3)
+#: primitives that write their output in place over operand 0 (copied first when the
+#: output does not share the operand's storage)
+IN_PLACE = (DYNAMIC_UPDATE_SLICE, SCATTER_UPDATE)
 GATHER = Prim("Gather", 2)
 ATTENTION = Prim("Attention", None, fused=True, form=AttentionForm)
 #: IndexGuard(x) -> (clamped, witness): ``clamped = clamp(x, lo, hi)`` and ``witness`` an
@@ -142,14 +153,32 @@ def _same_dtype(prim: Prim, xs: Sequence[Var]) -> DType:
     return xs[0].dtype
 
 
-@rule(*BINARY)
-def _binary(xs: Sequence[Var], p: Params) -> list[Aval]:
-    return [(broadcast_shapes(xs[0].shape, xs[1].shape), _same_dtype(ADD, xs))]
+@rule(MAX, MIN)
+def _minmax(xs: Sequence[Var], p: Params) -> list[Aval]:
+    return [(broadcast_shapes(xs[0].shape, xs[1].shape), _same_dtype(MAX, xs))]
 
 
-@rule(UNARY, COPY)
-def _unary(xs: Sequence[Var], p: Params) -> list[Aval]:
+@rule(ADD, SUB, MUL, DIV)
+def _arith(xs: Sequence[Var], p: Params) -> list[Aval]:
+    """Arithmetic on Bool is refused (numpy's Bool Add is Or, its Sub an error): Max/Min
+    are Bool's Or/And."""
+    dt = _same_dtype(ADD, xs)
+    if dt is BOOL:
+        raise ShapeError("arithmetic on bool operands: use Max (or), Min (and) or Select")
+    return [(broadcast_shapes(xs[0].shape, xs[1].shape), dt)]
+
+
+@rule(COPY)
+def _copy(xs: Sequence[Var], p: Params) -> list[Aval]:
     return [(xs[0].shape, xs[0].dtype)]
+
+
+@rule(UNARY)
+def _unary(xs: Sequence[Var], p: Params) -> list[Aval]:
+    dt, op = xs[0].dtype, p["op"]
+    if not (dt.is_float or (dt is I32 and op.takes_int)):
+        raise ShapeError(f"Unary {op.value} is not defined on {dt.value}")
+    return [(xs[0].shape, dt)]
 
 
 @rule(COMPARE)
@@ -271,6 +300,24 @@ def _dus(xs: Sequence[Var], p: Params) -> list[Aval]:
     if any(w.shape != WITNESS_SHAPE or w.dtype is not I32 for w in gates):
         raise ShapeError("DynamicUpdateSlice gates are IndexGuard witnesses (i32[2])")
     _same_dtype(DYNAMIC_UPDATE_SLICE, (operand, update))
+    return [(operand.shape, operand.dtype)]
+
+
+@rule(SCATTER_UPDATE)
+def _scatter_update(xs: Sequence[Var], p: Params) -> list[Aval]:
+    """operand [S, *rest], indices [N] i32, updates [N, *rest] -> operand's type."""
+    operand, indices, updates = xs
+    if operand.ndim < 1 or indices.ndim != 1 or indices.dtype is not I32:
+        raise ShapeError(
+            f"ScatterUpdate takes operand [S, ...] and indices [N] i32, got {operand.shape} "
+            f"and {indices.dtype.value}{list(indices.shape)}"
+        )
+    if updates.shape != indices.shape + operand.shape[1:]:
+        raise ShapeError(
+            f"ScatterUpdate updates {updates.shape} != indices {indices.shape} + operand row "
+            f"{operand.shape[1:]}"
+        )
+    _same_dtype(SCATTER_UPDATE, (operand, updates))
     return [(operand.shape, operand.dtype)]
 
 

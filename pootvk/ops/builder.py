@@ -178,6 +178,13 @@ class Builder:
             P.DYNAMIC_UPDATE_SLICE, [operand, update, *(self.lit(s, I32) for s in starts)]
         )
 
+    def scatter_update(self, operand: Var, indices: Var, updates: Var) -> Var:
+        """Row ``indices[n]`` of ``operand`` becomes ``updates[n]`` (the last wins on a
+        repeated row); an index outside [0, rows), such as -1, writes nothing. In place
+        when the result is the operand's state update."""
+        return self.emit(P.SCATTER_UPDATE, [operand, indices, updates])
+
+
     def gather(self, table: Var, indices: Var) -> Var:
         """``table[indices]`` along axis 0: [V, *rest] by [*idx] -> [*idx, *rest]; an index
         outside [0, V) reads the nearest row (clamped, never out of bounds)."""

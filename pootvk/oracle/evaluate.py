@@ -28,6 +28,7 @@ from ..ir import (
 )
 from ..ir import prims as P
 from ..ir.bind import check_bind
+from ..ir.dtypes import storage_values
 
 EvalRule = Callable[[Sequence[np.ndarray], Params], np.ndarray]
 eval_rules: RuleTable[P.Prim, EvalRule] = RuleTable(
@@ -63,6 +64,8 @@ UNARY: dict[UnaryOp, Callable[[np.ndarray], np.ndarray]] = {
     UnaryOp.RECIP: np.reciprocal,
     UnaryOp.SIGMOID: lambda x: 1 / (1 + np.exp(-x)),
     UnaryOp.SILU: lambda x: x / (1 + np.exp(-x)),
+    UnaryOp.COS: np.cos,
+    UnaryOp.SIN: np.sin,
 }
 COMPARE: dict[CompareOp, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     CompareOp.LT: np.less, CompareOp.LE: np.less_equal, CompareOp.GT: np.greater,
@@ -158,6 +161,18 @@ def _dus(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
     return out
 
 
+@rule(P.SCATTER_UPDATE)
+def _scatter_update(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
+    """Row ``indices[n]`` of the operand becomes ``updates[n]``, in order of n (a later
+    update of the same row wins); an index outside [0, S) (-1: "no row") writes nothing."""
+    operand, indices, updates = xs
+    out = operand.copy()
+    for n, i in enumerate(indices.tolist()):
+        if 0 <= i < operand.shape[0]:
+            out[i] = updates[n]
+    return out
+
+
 @rule(P.LINEAR)
 def _linear(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
     """The folded matmul, computed by the rules of the chain it replaced (bit-identical):
@@ -235,13 +250,19 @@ def _index_guard(xs: Sequence[np.ndarray], p: Params) -> tuple[np.ndarray, np.nd
 
 
 def _literal(v: Literal) -> np.ndarray:
-    return np.asarray(v.value, dtype=v.dtype.numpy)
+    return storage_values(np.asarray(v.value), v.dtype)
 
 
 def eval_eqn(e: Eqn, args: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """One eqn, with the device's 16-bit contract: F16/BF16 operands are computed in F32
+    (numpy's own float16 sums and products accumulate in float16) and every result is
+    held as its dtype stores it (``storage_values``), rounded to 16 bits once."""
+    args = [a.astype(np.float32) if a.dtype == np.float16 else a for a in args]
     out = eval_rules[e.prim](args, e.params)
     outs = list(out) if len(e.outputs) > 1 else [out]  # a multi-output rule returns a tuple
-    return [np.asarray(o, dtype=v.dtype.numpy) for o, v in zip(outs, e.outputs, strict=True)]
+    with np.errstate(all="ignore"):
+        return [storage_values(np.asarray(o), v.dtype)
+                for o, v in zip(outs, e.outputs, strict=True)]
 
 
 def evaluate(g: Graph, inputs: Mapping[str, object]) -> dict[str, np.ndarray]:

@@ -6,7 +6,14 @@ from .decode_schedule import DecodeCombineRequest, DecodeProblem, DecodeRequest
 from .matmul_schedule import MatMulKind, MatMulRequest, choose_matmul, forced_matmul
 from .planner import BoundOperand, BufferSpec, Kernel, Location, Plan, plan_graph
 from .profile import DeviceProfile, recorded_profile, recorded_profiles
-from .requests import AttentionRequest, LiteralOperand, PrimRequest, fold_grid
+from .requests import (
+    AttentionRequest,
+    LiteralOperand,
+    PrimRequest,
+    ReduceRequest,
+    ScatterRequest,
+    fold_grid,
+)
 from .rules import KernelCall, KernelRequest, PlanContext, RuleResult, plan_rules
 from .schedule import ForcedSchedule, choose_lanes, current_forced, forced_schedule
 
@@ -16,6 +23,7 @@ __all__ = [
     "MatMulKind", "MatMulRequest", "choose_matmul", "forced_matmul",
     "Access", "AttentionRequest", "Binding", "BoundOperand", "BufferRole", "BufferSpec",
     "DeviceProfile", "Kernel", "KernelCall", "KernelRequest", "LiteralOperand", "Location",
-    "Plan", "PlanContext", "PrimRequest", "RuleResult", "Scratch", "choose_lanes",
+    "Plan", "PlanContext", "PrimRequest", "ReduceRequest", "RuleResult", "ScatterRequest",
+    "Scratch", "choose_lanes",
     "fold_grid", "plan_graph", "plan_rules", "recorded_profile", "recorded_profiles",
 ]

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 from ..arena import ArenaLayout, colour, kernel_items
 from ..errors import BindingRange, DtypeLowering, UnsupportedPrimitive
-from ..ir import BF16, F16, Graph, SlotKind, UseInfo, Var
-from ..ir.prims import DYNAMIC_UPDATE_SLICE
+from ..ir import Graph, Literal, SlotKind, UseInfo, Var
+from ..ir.prims import DYNAMIC_UPDATE_SLICE, RESHAPE
 from .bindings import Binding, BufferRole, Scratch
 from .profile import DeviceProfile
 from .rules import KernelCall, KernelRequest, PlanContext, plan_rules
@@ -70,6 +70,8 @@ class Plan:
     locations: dict[Var, Location]
     arena: ArenaLayout
     outputs: dict[str, Location] = field(default_factory=dict)
+    #: eqn index -> location, for each Reshape that runs no kernel (a view of its operand)
+    views: dict[int, Location] = field(default_factory=dict)
 
     @property
     def key(self) -> tuple:
@@ -104,12 +106,18 @@ class Plan:
             )
             lines.append(f"  k{i} [eqn {k.eqn}] {k.request.describe()}")
             lines.append(f"       binds {ops}")
+        for i, loc in self.views.items():
+            out = self.graph.eqns[i].out
+            lines.append(f"  view [eqn {i}] Reshape -> {out.aval()} shares {loc} (no kernel)")
         lines.append("buffers:")
         for b in self.buffers.values():
             lines.append(f"  {b.name:<20} {b.role.value:<7} {b.nbytes:>12d} B")
         lines.append(str(self.arena))
         return "\n".join(lines)
 
+
+#: bytes: kernels may read any coloured value with 16-byte vector loads from its start
+VECTOR_ALIGN = 16
 
 SLOT_ROLES: dict[SlotKind, tuple[str, BufferRole]] = {
     SlotKind.STATE: ("state", BufferRole.STATE),
@@ -146,11 +154,43 @@ def _fixed_locations(
     return locs, roles, bufs
 
 
-def _check_state_order(g: Graph, info: UseInfo) -> None:
-    """An eqn writing a state buffer must come after every read of the state's old value."""
+def _views(
+    g: Graph, locs: dict[Var, Location], roles: dict[Var, BufferRole]
+) -> dict[Var, Var]:
+    """Reshapes that run no kernel: view -> the value whose bytes it shares (its root).
+
+    Every value is dense row-major, so a Reshape's output is its operand's bytes under
+    another shape. A view of a value with a fixed home is placed there now; a root with no
+    home yet takes its view's export buffer (its producer then writes the export
+    directly), or is coloured and its views follow it (``plan_graph``). The Reshape is
+    copied instead where both have different homes, the view is a state output, or the
+    operand is a literal."""
+    views: dict[Var, Var] = {}
+    for e in g.eqns:
+        if e.prim is not RESHAPE or isinstance(e.inputs[0], Literal):
+            continue
+        out = e.out
+        root = views.get(e.inputs[0], e.inputs[0])
+        if out in locs:
+            exported = roles[out] in (BufferRole.EXPORT, BufferRole.WITNESS)
+            if root in locs or not exported:
+                continue  # two homes: a copy
+            locs[root], roles[root] = locs[out], roles[out]
+        elif root in locs:
+            locs[out], roles[out] = locs[root], roles[root]
+        views[out] = root
+    return views
+
+
+def _check_state_order(g: Graph, info: UseInfo, views: dict[Var, Var]) -> None:
+    """An eqn writing a state buffer must come after every read of the state's old value
+    (through any view of it)."""
     for name, v in g.states.items():
         prod = info.producer.get(v)
-        late = [u for u in info.users.get(g.slot(name).var, []) if prod is not None and u > prod]
+        old = g.slot(name).var
+        reads = [u for w in (old, *(w for w, r in views.items() if r is old))
+                 for u in info.users.get(w, [])]
+        late = [u for u in reads if prod is not None and u > prod]
         if late:
             raise UnsupportedPrimitive(
                 str(g.eqns[prod].prim),  # type: ignore[index]
@@ -179,16 +219,26 @@ def _check_gated(g: Graph, info: UseInfo) -> None:
 def plan_graph(g: Graph, profile: DeviceProfile) -> Plan:
     """Plan a compiled graph for ``profile``; every refusal is a typed error."""
     has16 = bool(profile.extra.get("storage_buffer_16bit"))
-    for e in g.eqns:
+    for i, e in enumerate(g.eqns):
         for v in (*e.inputs, *e.outputs):
-            if v.dtype in (F16, BF16) and not has16:
-                raise DtypeLowering(str(e.prim), v.dtype.value, "storageBuffer16BitAccess")
+            if v.dtype.is_16bit and not has16:  # 16-bit words are loaded and stored
+                raise DtypeLowering(f"eqn {i} ({e.prim})", v.dtype.value,
+                                    "storageBuffer16BitAccess")
         plan_rules[e.prim]  # a primitive with no rule: UnsupportedPrimitive before any work
     info = g.use_info()  # one walk: the state-order check and the liveness both read it
-    _check_state_order(g, info)
     _check_gated(g, info)
     locs, roles, bufs = _fixed_locations(g, profile)
-    ctx = PlanContext(profile, lambda a, b: a in locs and locs.get(a) == locs.get(b))
+    views = _views(g, locs, roles)
+    _check_state_order(g, info, views)
+
+    def same_storage(a: Var, b: Var) -> bool:
+        """Whether ``a`` and ``b`` are one set of bytes: a view and its root, or two values
+        with one fixed home (a state output in place over its slot)."""
+        if views.get(a, a) is views.get(b, b):
+            return True
+        return a in locs and locs.get(a) == locs.get(b)
+
+    ctx = PlanContext(profile, same_storage)
 
     calls: list[tuple[int, KernelCall]] = []
     scratch: dict[Scratch, int] = {}
@@ -203,10 +253,12 @@ def plan_graph(g: Graph, profile: DeviceProfile) -> Plan:
         bufs[name] = BufferSpec(name, sc.nbytes, BufferRole.SCRATCH)
         scratch_locs[sc] = Location(name, 0, sc.nbytes)
     coloured = {s: i for s, i in scratch.items() if not s.persistent}
-    items, names = kernel_items(info, [i for i, _ in calls], fixed=set(locs), scratch=coloured)
+    items, names = kernel_items(info, [i for i, _ in calls], fixed=set(locs), scratch=coloured,
+                                views=views)
     layout = colour(
         items,
-        alignment=profile.min_storage_offset_alignment,
+        # 16 at least: every coloured value starts where a 16-byte vector load may read it
+        alignment=max(profile.min_storage_offset_alignment, VECTOR_ALIGN),
         max_binding=profile.max_storage_buffer_range,
         max_buffer=min(profile.max_allocation, 1 << 32),
     )
@@ -219,6 +271,8 @@ def plan_graph(g: Graph, profile: DeviceProfile) -> Plan:
             scratch_locs[obj] = loc
         else:
             locs[obj], roles[obj] = loc, BufferRole.ARENA
+    for view, root in views.items():
+        locs[view], roles[view] = locs[root], roles[root]
     kernels = []
     for i, c in calls:
         bound = []
@@ -229,4 +283,5 @@ def plan_graph(g: Graph, profile: DeviceProfile) -> Plan:
                 bound.append(BoundOperand(b, locs[op], roles[op]))
         kernels.append(Kernel(c.request, tuple(bound), i, c.label))
     outputs = {name: locs[v] for name, v in g.outputs().items()}
-    return Plan(g, profile, kernels, bufs, locs, layout, outputs)
+    shown = {info.producer[v]: locs[v] for v in views}
+    return Plan(g, profile, kernels, bufs, locs, layout, outputs, dict(sorted(shown.items())))

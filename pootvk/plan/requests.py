@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from enum import Enum
 
 from ..errors import GridLimit
-from ..ir import F32, I32, DType, Params, Prim
-from ..ir.prims import DYNAMIC_UPDATE_SLICE, INDEX_GUARD
+from ..ir import F32, I32, DType, Params, Prim, ReduceOp
+from ..ir.prims import IN_PLACE, INDEX_GUARD
 from .bindings import Access, Binding
 
 Aval = tuple[tuple[int, ...], DType]
@@ -105,7 +105,7 @@ class PrimRequest:
     def bound_inputs(self) -> tuple[int, ...]:
         """Indices of the inputs that are buffers. DynamicUpdateSlice runs in place on its
         output, so its operand (input 0) is not bound."""
-        skip = 0 if self.prim is DYNAMIC_UPDATE_SLICE else -1
+        skip = 0 if self.prim in IN_PLACE else -1
         return tuple(
             j for j, op in enumerate(self.inputs)
             if not isinstance(op, LiteralOperand) and j != skip
@@ -135,6 +135,101 @@ class PrimRequest:
         )
 
 
+@dataclass(frozen=True)
+class ReduceRequest:
+    """A parallel reduction of ``x`` viewed as [outer, n, inner] over its middle axis (the
+    output, with or without keepdim, is [outer, inner] in memory).
+
+    A workgroup of ``cols * lanes`` invocations takes ``cols`` consecutive outputs; the
+    ``lanes`` lanes of one output stride its n elements (consecutive invocations take
+    consecutive outputs, so an inner axis > 1 is read coalesced), then combine: through
+    subgroup shuffles where ``subgroup`` (the device has them), the rest through a tree in
+    workgroup memory. 16-bit values accumulate in F32 and are rounded once at the store.
+
+    ``vec`` = 4 when a row is contiguous and a multiple of 4 long: a lane loads 4
+    consecutive elements at once (16 bytes of F32/I32/U32, 8 of F16/BF16). ``out_dtype``
+    (default ``dtype``) is what ``y`` stores: a split reduction's first pass keeps its
+    partials in the compute type (F32 for 16-bit input) and its second pass rounds them."""
+
+    op: ReduceOp
+    dtype: DType
+    outer: int
+    n: int
+    inner: int
+    cols: int
+    lanes: int
+    subgroup: bool
+    grid: tuple[int, int]
+    vec: int = 1
+    out_dtype: DType | None = None
+
+    @property
+    def stored(self) -> DType:
+        """The dtype ``y`` holds."""
+        return self.out_dtype or self.dtype
+
+    @property
+    def outputs(self) -> int:
+        return self.outer * self.inner
+
+    @property
+    def local_size(self) -> int:
+        return self.cols * self.lanes
+
+    @property
+    def workgroups(self) -> int:
+        return -(-self.outputs // self.cols)
+
+    def push_constants(self) -> tuple[int, ...]:
+        return ()
+
+    def bindings(self) -> tuple[Binding, ...]:
+        return (Binding("x", Access.READ, self.dtype), Binding("y", Access.WRITE, self.stored))
+
+    def describe(self) -> str:
+        return (
+            f"Reduce[{self.op.value}] {self.dtype.value}[{self.outer},{self.n},{self.inner}] "
+            f"-> {self.stored.value}[{self.outer},{self.inner}] cols={self.cols} "
+            f"lanes={self.lanes} vec={self.vec} "
+            f"{'subgroup' if self.subgroup else 'shared'} "
+            f"grid={self.grid[0]}x{self.grid[1]}"
+        )
+
+
+@dataclass(frozen=True)
+class ScatterRequest:
+    """ScatterUpdate in place: a workgroup of ``lanes`` per update row n writes
+    ``updates[n]`` (``row`` elements) to row ``indices[n]`` of the output, unless that index
+    is outside [0, rows) or a later update names the same row (the lanes scan the later
+    indices first: the last update of a row wins, as the oracle's loop does, and no two
+    workgroups write one row)."""
+
+    dtype: DType
+    rows: int
+    row: int
+    n: int
+    lanes: int
+    grid: tuple[int, int]
+
+    @property
+    def local_size(self) -> int:
+        return self.lanes
+
+    def push_constants(self) -> tuple[int, ...]:
+        return ()
+
+    def bindings(self) -> tuple[Binding, ...]:
+        return (
+            Binding("indices", Access.READ, I32),
+            Binding("updates", Access.READ, self.dtype),
+            Binding("y", Access.WRITE, self.dtype),
+        )
+
+    def describe(self) -> str:
+        return (
+            f"ScatterUpdate {self.n} row(s) of {self.dtype.value}[{self.row}] into "
+            f"{self.rows} rows lanes={self.lanes} grid={self.grid[0]}x{self.grid[1]}"
+        )
 
 
 def fold_grid(groups: int, max_grid: tuple[int, int, int]) -> tuple[int, int]:

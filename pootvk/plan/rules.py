@@ -8,19 +8,20 @@ kernel schedule the rules produce), so rules only name operands.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..errors import DtypeLowering, UnsupportedPrimitive
+from ..errors import UnsupportedPrimitive
 from ..ir import (
-    BF16,
-    F16,
     F32,
     U32,
+    DType,
     Eqn,
     Literal,
     Params,
     Prim,
+    ReduceOp,
     RuleTable,
     Var,
     attention_operands,
@@ -30,13 +31,27 @@ from .bindings import Scratch
 from .decode_schedule import DecodeCombineRequest, DecodeRequest
 from .matmul_schedule import MatMulRequest, choose_matmul
 from .profile import DeviceProfile
-from .requests import AttentionRequest, LiteralOperand, PrimRequest, fold_grid
+from .requests import (
+    AttentionRequest,
+    LiteralOperand,
+    PrimRequest,
+    ReduceRequest,
+    ScatterRequest,
+    fold_grid,
+)
 from .schedule import attention_schedule
 
-KernelRequest = (AttentionRequest | PrimRequest | DecodeRequest | DecodeCombineRequest
-                 | MatMulRequest)
+KernelRequest = (
+    AttentionRequest | PrimRequest | ReduceRequest | ScatterRequest | DecodeRequest
+    | DecodeCombineRequest | MatMulRequest
+)
 
 PRIM_WORKGROUP = 64
+#: invocations of a Reduce/ScatterUpdate workgroup at most (fewer on a small problem)
+ROW_WORKGROUP = 256
+#: outputs a Reduce workgroup takes side by side when the reduced axis is not the last:
+#: 32 consecutive 4-byte reads are one 128-byte line
+COALESCE = 32
 
 
 @dataclass(frozen=True)
@@ -85,34 +100,40 @@ def prim_request(
     )
 
 
-#: Primitives whose kernels take 16-bit (F16/BF16) operands: pure data movement copies the
-#: 16-bit words, Convert converts through F32. Arithmetic on 16-bit values is not lowered.
-MOVES_16BIT = (P.RESHAPE, P.BROADCAST, P.TRANSPOSE, P.SLICE, P.CONCAT, P.COPY,
-               P.DYNAMIC_UPDATE_SLICE, P.CONVERT, P.GATHER)
-
-
-def _check_16bit(e: Eqn) -> None:
-    if e.prim in MOVES_16BIT:
-        return
-    for v in (*e.inputs, *e.outputs):
-        if v.dtype in (F16, BF16):
-            raise DtypeLowering(str(e.prim), v.dtype.value, "a 16-bit arithmetic kernel")
-
-
 def _bound(req: PrimRequest, inputs: tuple[Var, ...]) -> tuple[Var, ...]:
     return tuple(inputs[j] for j in req.bound_inputs)
 
 
 @plan_rules.register(
-    *P.BINARY, P.UNARY, P.COMPARE, P.SELECT, P.CONVERT, P.IOTA, P.RESHAPE, P.BROADCAST,
-    P.TRANSPOSE, P.SLICE, P.CONCAT, P.REDUCE, P.COPY, P.GATHER, P.INDEX_GUARD,
+    *P.BINARY, P.UNARY, P.COMPARE, P.SELECT, P.CONVERT, P.IOTA, P.BROADCAST,
+    P.TRANSPOSE, P.SLICE, P.CONCAT, P.COPY, P.GATHER, P.INDEX_GUARD,
 )
 def _elementwise(e: Eqn, ctx: PlanContext) -> RuleResult:
-    """One invocation per (first) output element; IndexGuard also binds its witness."""
-    _check_16bit(e)
+    """One invocation per (first) output element; IndexGuard also binds its witness.
+    F16/BF16 operands are read 16-bit and computed in F32 (the planner refuses them on a
+    device without 16-bit storage)."""
     out = e.outputs[0]
     req = prim_request(e.prim, e.inputs, out, e.params, out.size, ctx.profile)
     return RuleResult([KernelCall(req, (*_bound(req, e.inputs), *e.outputs), str(e.prim))])
+
+
+@plan_rules.register(P.RESHAPE)
+def _reshape(e: Eqn, ctx: PlanContext) -> RuleResult:
+    """No kernel: the planner makes a Reshape a view (its output shares its operand's
+    bytes). A copy only where the output has a home of its own (a state output, or an
+    export whose operand already lives elsewhere) or the operand is a literal."""
+    if ctx.same_storage(e.inputs[0], e.out):
+        return RuleResult([])
+    return _elementwise(e, ctx)
+
+
+def _copy_first(operand: Var, out: Var, ctx: PlanContext) -> list[KernelCall]:
+    """In-place primitives run over their output: the operand is copied there first unless
+    the output already shares the operand's storage (a donated state updated in place)."""
+    if ctx.same_storage(operand, out):
+        return []
+    cp = prim_request(P.COPY, (operand,), out, Params(), operand.size, ctx.profile)
+    return [KernelCall(cp, (operand, out), "copy")]
 
 
 def _matmul_call(e: Eqn, ctx: PlanContext, transpose_b: bool) -> RuleResult:
@@ -139,16 +160,98 @@ def _linear(e: Eqn, ctx: PlanContext) -> RuleResult:
 
 @plan_rules.register(P.DYNAMIC_UPDATE_SLICE)
 def _dynamic_update_slice(e: Eqn, ctx: PlanContext) -> RuleResult:
-    """In place when the output shares the operand's storage (a state update); otherwise
-    the operand is copied to the output first."""
-    operand, update = e.inputs[0], e.inputs[1]
-    calls = []
-    if not ctx.same_storage(operand, e.out):
-        cp = prim_request(P.COPY, (operand,), e.out, Params(), operand.size, ctx.profile)
-        calls.append(KernelCall(cp, (operand, e.out), "copy"))
+    """One invocation per update element, in place over the output."""
+    update = e.inputs[1]
     req = prim_request(e.prim, e.inputs, e.out, e.params, update.size, ctx.profile)
-    calls.append(KernelCall(req, (*_bound(req, e.inputs), e.out), str(e.prim)))
-    return RuleResult(calls)
+    call = KernelCall(req, (*_bound(req, e.inputs), e.out), str(e.prim))
+    return RuleResult([*_copy_first(e.inputs[0], e.out, ctx), call])
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def _row_workgroup(profile: DeviceProfile) -> int:
+    """The largest power of two <= ROW_WORKGROUP the device runs in one workgroup."""
+    cap = min(ROW_WORKGROUP, profile.max_invocations, profile.max_workgroup_size[0])
+    return 1 << (cap.bit_length() - 1)
+
+
+def reduce_request(
+    op: ReduceOp, dtype: DType, outer: int, n: int, inner: int, profile: DeviceProfile,
+    out_dtype: DType | None = None,
+) -> ReduceRequest:
+    """The layout of one reduction pass over [outer, n, inner]: lanes per output up to the
+    reduced length (a power of two, at most a workgroup), and the rest of the workgroup on
+    neighbouring outputs: at least ``COALESCE`` of them when the reduced axis is not the
+    last, so a warp's loads are consecutive; never more outputs than exist."""
+    local = _row_workgroup(profile)
+    vec = 4 if inner == 1 and n % 4 == 0 else 1  # rows start 16-byte aligned (the arena's)
+    cols_min = 1 if inner == 1 else min(_pow2(inner), COALESCE, local)
+    lanes = min(_pow2(n // vec), local // cols_min)
+    cols = min(local // lanes, _pow2(outer * inner))
+    groups = -(-outer * inner // cols)
+    return ReduceRequest(
+        op=op, dtype=dtype, outer=outer, n=n, inner=inner, cols=cols, lanes=lanes,
+        subgroup=profile.subgroup_shuffle, grid=fold_grid(groups, profile.max_grid), vec=vec,
+        out_dtype=None if out_dtype in (None, dtype) else out_dtype,
+    )
+
+
+#: a reduction this large (elements) whose outputs fill too few workgroups is split
+SPLIT_MIN_ELEMENTS = 1 << 18
+#: elements of a row one split workgroup reduces at least
+SPLIT_MIN_CHUNK = 2048
+
+
+def reduce_splits(groups: int, n: int, total: int, profile: DeviceProfile) -> int:
+    """Chunks to cut each reduced row into (a divisor of n, so each chunk is a plain row of
+    a [outer * splits, n / splits, inner] view): 1 unless the single pass fills fewer than
+    two workgroups per compute unit; then the first that does, or the most that keep
+    chunks of ``SPLIT_MIN_CHUNK``."""
+    target = 2 * (profile.compute_units or 16)
+    if groups >= target or total < SPLIT_MIN_ELEMENTS:
+        return 1
+    best = 1
+    for s in range(2, n // SPLIT_MIN_CHUNK + 1):
+        if n % s == 0:
+            best = s
+            if groups * s >= target:
+                break
+    return best
+
+
+@plan_rules.register(P.REDUCE)
+def _reduce(e: Eqn, ctx: PlanContext) -> RuleResult:
+    """One pass; or, for a few long rows, two: chunk partials (in the compute type, F32 for
+    16-bit input, declared scratch) then the partials of each row."""
+    (x,), axis, op = e.inputs, e.params["axis"], e.params["op"]
+    outer, n, inner = math.prod(x.shape[:axis]), x.shape[axis], math.prod(x.shape[axis + 1:])
+    one = reduce_request(op, x.dtype, outer, n, inner, ctx.profile)
+    splits = reduce_splits(one.workgroups, n, x.size, ctx.profile)
+    if splits == 1:
+        return RuleResult([KernelCall(one, (x, e.out), str(e.prim))])
+    acc = F32 if x.dtype.is_16bit else x.dtype
+    part = Scratch(outer * splits * inner, acc, "partials")
+    first = reduce_request(op, x.dtype, outer * splits, n // splits, inner, ctx.profile, acc)
+    second = reduce_request(op, acc, outer, splits, inner, ctx.profile, x.dtype)
+    return RuleResult([KernelCall(first, (x, part), str(e.prim)),
+                       KernelCall(second, (part, e.out), str(e.prim))], [part])
+
+
+@plan_rules.register(P.SCATTER_UPDATE)
+def _scatter_update(e: Eqn, ctx: PlanContext) -> RuleResult:
+    """A workgroup per update row, in place over the output (copied there first unless
+    the output is the donated operand's own storage)."""
+    operand, indices, updates = e.inputs
+    row = math.prod(operand.shape[1:])
+    lanes = min(_row_workgroup(ctx.profile), max(_pow2(row), 32))
+    req = ScatterRequest(
+        dtype=operand.dtype, rows=operand.shape[0], row=row, n=indices.shape[0], lanes=lanes,
+        grid=fold_grid(indices.shape[0], ctx.profile.max_grid),
+    )
+    call = KernelCall(req, (indices, updates, e.out), str(e.prim))
+    return RuleResult([*_copy_first(operand, e.out, ctx), call])
 
 
 @plan_rules.register(P.ATTENTION)

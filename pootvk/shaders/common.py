@@ -6,7 +6,10 @@ import math
 import struct
 from collections.abc import Mapping
 
+import numpy as np
+
 from ..ir import DType
+from ..ir.dtypes import device_bytes, storage_values
 from ..plan.bindings import Access, Binding
 
 GLSL_TYPE = {
@@ -32,7 +35,49 @@ def float_lit(x: float) -> str:
     return f"uintBitsToFloat(0x{bits:08x}u)"
 
 
+def compute_type(dt: DType) -> str:
+    """The GLSL type a kernel computes a ``dt`` value in: F16/BF16 in F32."""
+    return "float" if dt.is_16bit else GLSL_TYPE[dt]
+
+
+def stored_float(value: float, dt: DType) -> float:
+    """A float literal as a ``dt`` slot stores it (rounded to F16/BF16, then widened)."""
+    return float(storage_values(np.asarray(value, np.float64), dt))
+
+
+def storage_bits(value: float, dt: DType) -> int:
+    """The 16-bit word a F16/BF16 slot stores for ``value``."""
+    return int(device_bytes(np.asarray([value], np.float32).astype(dt.numpy), dt)
+               .view(np.uint16)[0])
+
+
+def to_f32(x: str, src: DType) -> str:
+    """A stored 16-bit word (``x``, a uint16_t expression) as the F32 value it holds."""
+    if src is DType.F16:
+        return f"unpackHalf2x16(uint({x})).x"
+    return f"uintBitsToFloat(uint({x}) << 16)"  # BF16: the top half of an F32
+
+
+def from_f32(x: str, dst: DType) -> str:
+    """An F32 value as the 16-bit word of ``dst`` (round to nearest even, NaN stays NaN);
+    BF16 needs ``BF16_ROUND`` in the source."""
+    if dst is DType.F16:
+        return f"uint16_t(packHalf2x16(vec2({x}, 0.0)) & 0xffffu)"
+    return f"uint16_t(bf16_bits({x}))"
+
+
+BF16_ROUND = """uint bf16_bits(float f) {
+    uint b = floatBitsToUint(f);
+    if (isnan(f)) return (b >> 16) | 0x40u;  // a quiet NaN stays NaN
+    return (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;  // round to nearest even
+}
+"""
+
+
 def literal(value: float | int | bool, dt: DType) -> str:
+    """A literal of ``dt``'s compute type: a 16-bit float is the F32 of its stored value."""
+    if dt.is_16bit:
+        return float_lit(stored_float(float(value), dt))
     if dt is DType.F32:
         return float_lit(float(value))
     if dt is DType.BOOL:

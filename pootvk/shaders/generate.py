@@ -11,7 +11,14 @@ from __future__ import annotations
 from functools import lru_cache
 
 from ..plan import KernelRequest, Plan
-from . import attention, attention_decode, matmul, prims  # noqa: F401  (generators register)
+from . import (  # noqa: F401  (generators register)
+    attention,
+    attention_decode,
+    matmul,
+    prims,
+    reduce,
+    scatter,
+)
 from .compiler import compile_glsl
 from .table import generators
 

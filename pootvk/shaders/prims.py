@@ -1,9 +1,14 @@
 """GLSL generators for the non-fused primitives, one rule per primitive (``glsl_rules``).
 
-Every kernel runs one invocation per output element (per update element for
+Every kernel here runs one invocation per output element (per update element for
 DynamicUpdateSlice), decodes its multi-index from the linear id with compile-time strides,
 and reads broadcast operands through stride-0 axes. Literal operands are inlined; every
 other operand is a bound buffer, in the order the plan lists them. No private arrays.
+
+F16/BF16 values are stored as 16-bit words and computed in F32: an arithmetic kernel widens
+each 16-bit operand when it reads it and rounds its result once when it stores it; pure data
+movement copies the words. Reduce and ScatterUpdate, which run a workgroup per output row,
+have generators of their own (``shaders.reduce``, ``shaders.scatter``).
 """
 
 from __future__ import annotations
@@ -11,10 +16,22 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..errors import UnsupportedPrimitive
-from ..ir import BF16, BOOL, F16, F32, U32, CompareOp, DType, Prim, ReduceOp, RuleTable, UnaryOp
+from ..ir import BF16, BOOL, CompareOp, DType, Prim, RuleTable, UnaryOp
 from ..ir import prims as P
-from ..plan.requests import LiteralOperand, PrimRequest
-from .common import declare_bindings, glsl_type, group_id, header, literal, strides
+from ..plan.requests import LiteralOperand, PrimRequest, ReduceRequest, ScatterRequest
+from .common import (
+    BF16_ROUND,
+    compute_type,
+    declare_bindings,
+    from_f32,
+    glsl_type,
+    group_id,
+    header,
+    literal,
+    storage_bits,
+    strides,
+    to_f32,
+)
 from .table import generators
 
 Body = Callable[[PrimRequest, list[str]], str]
@@ -48,6 +65,7 @@ def bcast_index(in_shape: tuple[int, ...], out_rank: int) -> str:
 
 
 def _operand(req: PrimRequest, names: list[str], j: int, index: str) -> str:
+    """Operand ``j`` at a linear index, as stored (a 16-bit operand is its raw word)."""
     op = req.inputs[j]
     if isinstance(op, LiteralOperand):
         return literal(op.value, op.dtype)
@@ -66,21 +84,39 @@ def _dtype(req: PrimRequest, j: int) -> DType:
     return op.dtype if isinstance(op, LiteralOperand) else op[1]
 
 
+def _value(req: PrimRequest, names: list[str], j: int, index: str | None = None) -> str:
+    """Operand ``j`` as a value of its compute type (``compute_type``): a 16-bit word is
+    widened to F32; ``index`` None reads it broadcast at the output's multi-index."""
+    op, dt = req.inputs[j], _dtype(req, j)
+    if isinstance(op, LiteralOperand):
+        return literal(op.value, dt)  # a 16-bit literal: the F32 of its stored value
+    raw = _bcast_operand(req, names, j) if index is None else f"{names[j]}[{index}]"
+    return to_f32(raw, dt) if dt.is_16bit else raw
+
+
+def _store(req: PrimRequest, expr: str, index: str = "gid") -> str:
+    """``y[index] = expr``, ``expr`` of the output's compute type (a 16-bit output is
+    rounded once, here)."""
+    dt = req.output[1]
+    return f"    y[{index}] = {from_f32(expr, dt) if dt.is_16bit else expr};"
+
+
 BINARY_EXPR = {P.ADD: "a + b", P.SUB: "a - b", P.MUL: "a * b", P.DIV: "a / b"}
 MINMAX = {P.MAX: "max", P.MIN: "min"}
 
 
 @rule(*P.BINARY)
 def _binary(req: PrimRequest, n: list[str]) -> str:
-    t = glsl_type(req.output[1])
-    a, b = _bcast_operand(req, n, 0), _bcast_operand(req, n, 1)
+    dt = req.output[1]
+    t = compute_type(dt)
+    a, b = _value(req, n, 0), _value(req, n, 1)
     if req.prim in BINARY_EXPR:
         expr = BINARY_EXPR[req.prim]
-    elif req.output[1] is F32:  # numpy's maximum/minimum propagate NaN; GLSL's max does not
+    elif dt.is_float:  # numpy's maximum/minimum propagate NaN; GLSL's max does not
         expr = f"(isnan(a) || isnan(b)) ? a + b : {MINMAX[req.prim]}(a, b)"
     else:
         expr = f"{MINMAX[req.prim]}(a, b)"
-    return f"    {t} a = {a};\n    {t} b = {b};\n    y[gid] = {expr};"
+    return f"    {t} a = {a};\n    {t} b = {b};\n" + _store(req, expr)
 
 
 UNARY_EXPR = {
@@ -96,14 +132,16 @@ UNARY_EXPR = {
     UnaryOp.RECIP: "1.0 / x",
     UnaryOp.SIGMOID: "1.0 / (1.0 + exp(-x))",
     UnaryOp.SILU: "x / (1.0 + exp(-x))",
+    UnaryOp.COS: "cos(x)",
+    UnaryOp.SIN: "sin(x)",
 }
 
 
 @rule(P.UNARY)
 def _unary(req: PrimRequest, n: list[str]) -> str:
-    t = glsl_type(req.output[1])
+    t = compute_type(req.output[1])
     expr = UNARY_EXPR[req.params["op"]]
-    return f"    {t} x = {_operand(req, n, 0, 'gid')};\n    y[gid] = {expr};"
+    return f"    {t} x = {_value(req, n, 0, 'gid')};\n" + _store(req, expr)
 
 
 CMP = {
@@ -114,54 +152,46 @@ CMP = {
 
 @rule(P.COMPARE)
 def _compare(req: PrimRequest, n: list[str]) -> str:
-    a, b = _bcast_operand(req, n, 0), _bcast_operand(req, n, 1)
+    a, b = _value(req, n, 0), _value(req, n, 1)
     return f"    y[gid] = ({a} {CMP[req.params['op']]} {b}) ? 1u : 0u;"
 
 
 @rule(P.SELECT)
 def _select(req: PrimRequest, n: list[str]) -> str:
+    """Picks stored words: 16-bit ones pass through uint unchanged (nothing is rounded)."""
     p, a, b = (_bcast_operand(req, n, j) for j in range(3))
+    if req.output[1].is_16bit:
+        a, b = (
+            f"{storage_bits(op.value, op.dtype)}u" if isinstance(op, LiteralOperand)
+            else f"uint({x})"
+            for op, x in ((req.inputs[1], a), (req.inputs[2], b))
+        )
+        return f"    y[gid] = uint16_t(({p} != 0u) ? {a} : {b});"
     return f"    y[gid] = ({p} != 0u) ? {a} : {b};"
-
-
-def _to_f32(x: str, src: DType) -> str:
-    """A 16-bit word (raw) as the F32 value it stores."""
-    if src is F16:
-        return f"unpackHalf2x16(uint({x})).x"
-    return f"uintBitsToFloat(uint({x}) << 16)"  # BF16: the top half of an F32
-
-
-def _from_f32(x: str, dst: DType) -> str:
-    """An F32 value as the 16-bit word of ``dst`` (round to nearest even, NaN stays NaN)."""
-    if dst is F16:
-        return f"uint16_t(packHalf2x16(vec2({x}, 0.0)) & 0xffffu)"
-    return (f"uint16_t(bf16_bits({x}))")
-
-
-BF16_ROUND = """uint bf16_bits(float f) {
-    uint b = floatBitsToUint(f);
-    if (isnan(f)) return (b >> 16) | 0x40u;  // a quiet NaN stays NaN
-    return (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;  // round to nearest even
-}
-"""
 
 
 @rule(P.CONVERT)
 def _convert(req: PrimRequest, n: list[str]) -> str:
     src, dst = _dtype(req, 0), req.output[1]
-    x = _operand(req, n, 0, "gid")
-    if src in (F16, BF16):  # through F32
-        x, src = _to_f32(x, src), F32
-    if dst in (F16, BF16):
-        return f"    y[gid] = {_from_f32(f'float({x})', dst)};"
+    x = _value(req, n, 0, "gid")  # a 16-bit source through F32
+    if dst.is_16bit:
+        return _store(req, f"float({x})")
     if dst is BOOL:
-        return f"    y[gid] = ({x} != {glsl_type(src)}(0)) ? 1u : 0u;"
+        return f"    y[gid] = ({x} != {compute_type(src)}(0)) ? 1u : 0u;"
     return f"    y[gid] = {glsl_type(dst)}({x});"
 
 
 @rule(P.IOTA)
 def _iota(req: PrimRequest, n: list[str]) -> str:
-    return f"    y[gid] = {glsl_type(req.output[1])}({_idx(req.params['axis'])});"
+    return _store(req, f"{compute_type(req.output[1])}({_idx(req.params['axis'])})")
+
+
+#: primitives whose kernels have a generator of their own (a workgroup per output row), by
+#: the request type their plan rule emits; every other non-fused primitive has a body here
+ROW_KERNELS = {P.REDUCE: ReduceRequest, P.SCATTER_UPDATE: ScatterRequest}
+
+#: kernels that round an F32 result to their output's 16 bits (``_store``)
+ROUNDS = (*P.BINARY, P.UNARY, P.CONVERT, P.IOTA, P.MATMUL)
 
 
 @rule(P.RESHAPE, P.COPY)
@@ -204,33 +234,6 @@ def _concat(req: PrimRequest, n: list[str]) -> str:
         lines.append(f"    {cond} {{ y[gid] = {n[j]}[{idx}]; return; }}")
         base += shape[axis]
     return "\n".join(lines)
-
-
-@rule(P.REDUCE)
-def _reduce(req: PrimRequest, n: list[str]) -> str:
-    (shape, dt) = req.inputs[0]
-    axis, keep = req.params["axis"], req.params["keepdim"]
-    st = strides(shape)
-    # output index d maps to input dim d (keepdim) or skips the reduced axis
-    in_dims = [d for d in range(len(shape)) if keep or d != axis]
-    terms = [
-        f"{_idx(od)} * {st[d]}u" for od, d in enumerate(in_dims) if d != axis
-    ]
-    base = " + ".join(terms) if terms else "0u"
-    t = glsl_type(dt)
-    x = f"{n[0]}[base + j * {st[axis]}u]"
-    if req.params["op"] is ReduceOp.SUM:
-        init, step = f"{t}(0)", f"acc += {x};"
-    elif dt is F32:
-        init = literal(float("-inf"), F32)
-        step = f"{t} x = {x}; if (isnan(x) || x > acc) acc = x;"
-    else:
-        # the smallest value of the type: -2**31 for I32, 0 for U32 (-2**31 wraps to 2**31)
-        init, step = literal(0 if dt is U32 else -(2**31), dt), f"acc = max(acc, {x});"
-    return (
-        f"    uint base = {base};\n    {t} acc = {init};\n"
-        f"    for (uint j = 0u; j < {shape[axis]}u; ++j) {{ {step} }}\n    y[gid] = acc;"
-    )
 
 
 @rule(P.INDEX_GUARD)
@@ -286,8 +289,8 @@ def generate_prim(req: PrimRequest) -> str:
         names[j] = b.name
     index_shape = req.inputs[1][0] if req.prim is P.DYNAMIC_UPDATE_SLICE else req.output[0]
     body = glsl_rules[req.prim](req, names)
-    storage16 = any(b.dtype in (F16, BF16) for b in binds)
-    helpers = BF16_ROUND if req.prim is P.CONVERT and req.output[1] is BF16 else ""
+    storage16 = any(b.dtype.is_16bit for b in binds)
+    helpers = BF16_ROUND if req.output[1] is BF16 and req.prim in ROUNDS else ""
     return (
         header(req.local_size, storage16)
         + declare_bindings(binds)

@@ -103,8 +103,12 @@ def test_typed_refusals():
     b = Builder()
     x = b.input("x", (4,), F16)
     b.export("y", b.exp(x))
-    with pytest.raises(DtypeLowering):
-        plan_graph(b.build(), LAVAPIPE)
+    plan_graph(b.build(), LAVAPIPE)  # 16-bit storage: read 16-bit, computed in F32
+    no16 = LAVAPIPE.with_(extra={**LAVAPIPE.extra, "storage_buffer_16bit": False})
+    with pytest.raises(DtypeLowering) as err:
+        plan_graph(b.build(), no16)
+    assert (err.value.prim, err.value.dtype, err.value.missing) == (
+        "eqn 0 (Unary)", "f16", "storageBuffer16BitAccess")
     b = Builder()
     x = b.state("s", (4,))
     y = b.exp(x)

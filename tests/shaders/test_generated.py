@@ -4,7 +4,7 @@ import re
 import shutil
 import subprocess
 
-from pootvk.ir import BF16, F16, F32, PRIMS, shape_rules
+from pootvk.ir import BF16, F16, F32, I32, PRIMS, shape_rules
 from pootvk.llm import LlamaConfig, trace_llama
 from pootvk.ops import Builder, trace_attention, trace_decode_step
 from pootvk.oracle import eval_rules
@@ -13,8 +13,9 @@ from pootvk.plan import forced_schedule, plan_graph, plan_rules, recorded_profil
 from pootvk.shaders.compiler import compile_glsl
 from pootvk.shaders.generate import generate
 from pootvk.shaders.matmul import KERNEL_PRIMS
-from pootvk.shaders.prims import glsl_rules
+from pootvk.shaders.prims import ROW_KERNELS, glsl_rules
 from pootvk.shaders.readbw import generate_read
+from pootvk.shaders.table import generators
 
 # A declaration of a non-shared array: `float acc[4];`, `const vec4 t[2] = ...`
 PRIVATE_ARRAY = re.compile(
@@ -22,7 +23,21 @@ PRIVATE_ARRAY = re.compile(
 )
 
 
+def sixteen_bit_graph(dt):
+    """Every arithmetic family at a 16-bit dtype, a scatter and reductions over two axes."""
+    b = Builder()
+    x, y = b.input("x", (3, 40), dt), b.input("y", (40,), dt)
+    s = b.select(b.compare("Gt", x, y), b.unary("Silu", b.add(x, y)), 1.5)
+    m = b.max(b.matmul(s, b.transpose(x, (1, 0))), b.convert(b.iota((3, 3), 1), dt))
+    b.export("r0", b.reduce("Max", m, 1))
+    b.export("r1", b.reduce("Sum", s, 0, keepdim=False))
+    b.export("sc", b.scatter_update(x, b.input("i", (2,), I32), b.input("u", (2, 40), dt)))
+    return b.build()
+
+
 def graphs():
+    yield sixteen_bit_graph(F16)
+    yield sixteen_bit_graph(BF16)
     yield trace_decode_step(2, 8, 2, 64, 16, softcap=30.0, alibi=True)
     yield trace_decode_step(1, 4, 4, 6, 10, q_rows=3)  # scalar (vec 1) path
     yield trace_attention((1, 12, 7, 40), (1, 1, 113, 40), (1, 1, 113, 72), (1, 12, 7, 113))
@@ -79,9 +94,11 @@ SOURCES = sorted(set(all_sources()))
 def test_every_primitive_has_a_rule_in_every_stage():
     for p in PRIMS.values():
         assert p in shape_rules and p in eval_rules and p in plan_rules, p
-        assert p.fused or p in glsl_rules or p in KERNEL_PRIMS, p
-    assert set(glsl_rules) == {
-        p for p in PRIMS.values() if not p.fused and p not in KERNEL_PRIMS}
+        assert p.fused or p in glsl_rules or p in KERNEL_PRIMS or p in ROW_KERNELS, p
+    own = {*KERNEL_PRIMS, *ROW_KERNELS}  # kernels with a generator of their own
+    assert not set(glsl_rules) & own
+    assert set(glsl_rules) == {p for p in PRIMS.values() if not p.fused and p not in own}
+    assert all(t in generators for t in ROW_KERNELS.values())
     assert len(SOURCES) > 40
 
 
