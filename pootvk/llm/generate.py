@@ -28,13 +28,13 @@ from .sampling import check_sampling, sample
 class Tokenizer(Protocol):
     """What generation needs of a tokenizer (``llm.tokenizer.Tokenizer`` has it)."""
 
-    eos_id: int
+    eos_id: int | None
 
     def encode(self, text: str) -> list[int]: ...
 
     def decode(self, ids: list[int]) -> str: ...
 
-    def chat(self, prompt: str) -> str: ...
+    def render_chat(self, messages: list[dict[str, str]]) -> str: ...
 
 
 @dataclass
@@ -71,7 +71,11 @@ class TextModel:
         return self.model.cfg
 
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
-        return self.tokenizer.encode(self.tokenizer.chat(prompt) if chat else prompt)
+        """The prompt's ids; with ``chat`` it is one user message through the model's chat
+        template, ending where the assistant's reply starts."""
+        if chat:
+            prompt = self.tokenizer.render_chat([{"role": "user", "content": prompt}])
+        return self.tokenizer.encode(prompt)
 
     def tokens(self, prompt: str, max_tokens: int = 64, *, temperature: float = 0.0,
                top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
@@ -154,6 +158,6 @@ def load(model: str | os.PathLike[str] = "smollm2",
     gm = load_gguf(model, weight_dtype=weight_dtype, capacity=context)
     cfg = replace(gm.config, tied_embeddings=gm.tied_embeddings, kv_dtype=kv_dtype)
     weights = {n: w for n, w in gm.weights.items() if n in cfg.weight_shapes()}
-    tok = GGUFTokenizer.from_gguf(gm.file)
+    tok = GGUFTokenizer.from_gguf(gm.file)  # type: ignore[attr-defined]
     return TextModel(LlamaModel(cfg, weights, device, timestamps=timestamps), tok,
                      name=gm.path.name)

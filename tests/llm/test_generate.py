@@ -23,8 +23,8 @@ class ByteTokenizer:
     def decode(self, ids: list[int]) -> str:
         return bytes(i for i in ids if i < 256).decode(errors="replace")
 
-    def chat(self, prompt: str) -> str:
-        return f"<user>{prompt}</user>"
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        return "".join(f"<{m['role']}>{m['content']}</{m['role']}>" for m in messages)
 
 
 CFG = LlamaConfig(layers=2, q_heads=4, kv_heads=2, head_dim=16, hidden=64, intermediate=96,
