@@ -215,7 +215,71 @@ class GuardFailed(PootvkError, ValueError):
         )
 
 
-# --- models --------------------------------------------------------------------------------
+# --- model files (GGUF) --------------------------------------------------------------------
+
+
+class ModelFileError(PootvkError, ValueError):
+    """A model file pootvk cannot load; ``path`` names the file."""
+
+
+class ModelNotFound(ModelFileError, FileNotFoundError):
+    """``--model`` / ``load()`` named neither an existing file nor a known packaged model."""
+
+    def __init__(self, name: str, known: list[str], why: str = "") -> None:
+        self.name, self.known, self.why = name, known, why
+        super().__init__(
+            f"model {name!r}: no such file and not a packaged model (known: {known})"
+            + (f"; {why}" if why else "")
+        )
+
+
+class UnsupportedModel(ModelFileError):
+    """The file is a model pootvk does not run: another architecture, a tokenizer kind or
+    a feature (RoPE scaling, partial rotary) it has no graph for. ``what`` is the metadata
+    key, ``value`` its value in the file, ``supported`` what pootvk takes there."""
+
+    def __init__(self, path: str, what: str, value: object, supported: list[str]) -> None:
+        self.path, self.what, self.value, self.supported = path, what, value, supported
+        super().__init__(f"{path}: {what} = {value!r} is not supported (pootvk runs "
+                         f"{supported})")
+
+
+class MissingTensor(ModelFileError):
+    """A tensor the architecture needs is not in the file."""
+
+    def __init__(self, path: str, tensor: str, count: int) -> None:
+        self.path, self.tensor, self.count = path, tensor, count
+        super().__init__(f"{path}: tensor {tensor!r} is missing (the file has {count} "
+                         "tensors)")
+
+
+class MissingMetadata(ModelFileError):
+    """A metadata key the loader needs is not in the file."""
+
+    def __init__(self, path: str, key: str) -> None:
+        self.path, self.key = path, key
+        super().__init__(f"{path}: metadata key {key!r} is missing")
+
+
+class TensorTypeUnsupported(ModelFileError):
+    """A tensor is stored in a ggml type the ``gguf`` reader cannot dequantize."""
+
+    def __init__(self, path: str, tensor: str, ggml_type: str) -> None:
+        self.path, self.tensor, self.ggml_type = path, tensor, ggml_type
+        super().__init__(f"{path}: tensor {tensor!r} has type {ggml_type}, which the gguf "
+                         "reader cannot dequantize")
+
+
+class TensorShapeMismatch(ModelFileError):
+    """A tensor's shape disagrees with the shape the metadata implies."""
+
+    def __init__(self, path: str, tensor: str, expected: tuple[int, ...],
+                 got: tuple[int, ...]) -> None:
+        self.path, self.tensor, self.expected, self.got = path, tensor, expected, got
+        super().__init__(f"{path}: tensor {tensor!r} has shape {got}; the metadata implies "
+                         f"{expected}")
+
+
 class PromptTooLong(PootvkError, ValueError):
     """A prompt (plus at least one generated token) does not fit the model's context."""
 

@@ -8,6 +8,10 @@ import sys
 from pathlib import Path
 
 os.environ.setdefault("POOTVK_VALIDATION", "1")  # before pootvk reads its config
+# Before numpy loads: OpenBLAS's worker threads spin against each other and lavapipe's on
+# a 2-core machine; a 1-row matmul (the numpy Llama references' decode step) measured
+# 4.5 ms with 2 threads under load and 0.14 ms with 1.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import pytest  # noqa: E402
