@@ -158,6 +158,6 @@ def load(model: str | os.PathLike[str] = "smollm2",
     gm = load_gguf(model, weight_dtype=weight_dtype, capacity=context)
     cfg = replace(gm.config, tied_embeddings=gm.tied_embeddings, kv_dtype=kv_dtype)
     weights = {n: w for n, w in gm.weights.items() if n in cfg.weight_shapes()}
-    tok = GGUFTokenizer.from_gguf(gm.file)  # type: ignore[attr-defined]
+    tok = GGUFTokenizer.from_gguf(gm.file)
     return TextModel(LlamaModel(cfg, weights, device, timestamps=timestamps), tok,
                      name=gm.path.name)

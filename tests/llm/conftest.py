@@ -31,3 +31,12 @@ def smollm2_f32(smollm2_path):  # type: ignore[no-untyped-def]
     from pootvk.llm.gguf import load_gguf
 
     return load_gguf(smollm2_path, weight_dtype="float32", capacity=256)
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2_path):  # type: ignore[no-untyped-def]
+    """pootvk's tokenizer built from the real file's metadata."""
+    from pootvk.llm.gguf import GGUFFile
+    from pootvk.llm.tokenizer import Tokenizer
+
+    return Tokenizer.from_gguf(GGUFFile(smollm2_path))

@@ -12,6 +12,9 @@ Use::
     ref = NumpyLlama(path)              # float32; dtype=np.float64 for a tighter reference
     logits = ref.prefill(prompt_ids)    # [len(prompt), vocab], causal, fills the KV cache
     nxt = ref.step(int(logits[-1].argmax()))  # [vocab], one token at the next position
+
+``NumpyLlama.from_tensors(tensors, meta, rope="half")`` runs the same forward over other
+tensors (HF-ordered Q/K rows rotated HF's way): the loader test feeds it pootvk's weights.
 """
 
 from __future__ import annotations
