@@ -43,6 +43,17 @@ WEIGHT_DTYPES: dict[str, DType] = {"float32": F32, "float16": F16}
 PREFILL_BUCKETS = (16, 64, 256, 512)
 
 
+def default_buckets(device: Device) -> tuple[int, ...]:
+    """Prefill buckets for ``device``. On a CPU device (lavapipe) the GEMV kernels' row
+    limit (``GEMV_MAX_ROWS``, 8): they read each weight once for up to that many rows, so a
+    chunk costs about one decode step, while the tiled GEMM is compute-bound there (measured
+    on the 2-core machine, 2 SmolLM2 layers + LM head: 8 rows 0.14 s, 16 rows 0.83 s, 64
+    rows 1.58 s, one decode step 0.15 s). Elsewhere :data:`PREFILL_BUCKETS`."""
+    from ..plan.matmul_schedule import GEMV_MAX_ROWS
+
+    return (GEMV_MAX_ROWS,) if device.profile.device_type == "cpu" else PREFILL_BUCKETS
+
+
 @dataclass(frozen=True)
 class LlamaConfig:
     layers: int = 4
@@ -322,15 +333,18 @@ class LlamaModel(_Decoder):
     """The model on a Vulkan device: the decode graph traced, compiled and recorded once
     (it owns the weights and the KV caches), each prefill bucket's graph the first time it
     is needed, sharing them (``Program(share=)``); every graph is replayed, never
-    re-recorded, and the caches stay on the device between prefill and decode."""
+    re-recorded, and the caches stay on the device between prefill and decode.
+    ``buckets``: the prefill graphs' row counts (default :func:`default_buckets`)."""
 
     def __init__(self, cfg: LlamaConfig, weights: Mapping[str, np.ndarray] | None = None,
                  device: Device | int | str | None = None, *, seed: int = 0,
-                 timestamps: bool = False) -> None:
+                 timestamps: bool = False, buckets: tuple[int, ...] | None = None) -> None:
         self.cfg = cfg
         self.graph = trace_llama(cfg)
         self.timestamps = timestamps
         self.program = Program(self.graph, device, timestamps=timestamps)
+        self.buckets = tuple(buckets) if buckets is not None else \
+            default_buckets(self.program.device)
         self.prefills: dict[int, Program] = {}
         try:
             self.program.set_params(**model_params(

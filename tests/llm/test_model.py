@@ -132,8 +132,8 @@ def test_prefill_chunks_fit_the_cache():
         prefill_chunks(60, 5, 64)
 
 
-@pytest.mark.parametrize("tied", [False, True])
-def test_prefill_then_decode_matches_the_oracle(device, tied):
+@pytest.mark.parametrize("tied,bucket", [(False, 16), (True, 8)])
+def test_prefill_then_decode_matches_the_oracle(device, tied, bucket):
     """A prompt through one prefill graph, then live decode steps over the cache it left
     on the device: the oracle's logits and greedy tokens, one recording per graph."""
     cfg = LlamaConfig(layers=2, q_heads=4, kv_heads=2, head_dim=16, hidden=64,
@@ -141,13 +141,13 @@ def test_prefill_then_decode_matches_the_oracle(device, tied):
                       tied_embeddings=tied)
     w = random_weights(cfg, seed=5)
     prompt = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]
-    with LlamaModel(cfg, w, device) as model:
+    with LlamaModel(cfg, w, device, buckets=(bucket,)) as model:  # GEMM rows, GEMV rows
         oracle = OracleLlama(cfg, w)
         got = list(model.generate(prompt, 12))
         want = list(oracle.generate(prompt, 12))
         assert [t for t, _ in got] == [t for t, _ in want]
         assert max(nse(a, b) for (_, a), (_, b) in zip(got, want, strict=True)) <= 5e-4
-        assert sorted(model.prefills) == [16] and model.recordings == 2
+        assert sorted(model.prefills) == [bucket] and model.recordings == 2
         assert model.position == len(prompt) + 11
         np.testing.assert_allclose(model.program.state("l1.k_cache")[:, :, :model.position],
                                    oracle.states["l1.k_cache"][:, :, :model.position],
