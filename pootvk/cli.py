@@ -214,10 +214,14 @@ def _plan(args: argparse.Namespace) -> int:
 def _generate(args: argparse.Namespace) -> int:
     """Stream a model's continuation of the prompt, then the prefill and decode rates."""
     from .llm import load
+    from .llm.gguf import stderr_progress
 
     t0 = time.perf_counter()
-    with load(args.model, args.device, context=args.context) as tm:
+    with load(args.model, args.device, context=args.context, progress=stderr_progress) as tm:
         load_s = time.perf_counter() - t0
+        print(file=sys.stderr)  # end the progress line
+        if not args.chat:
+            print(args.prompt, end="", flush=True)
         for piece in tm.stream(args.prompt, args.max_tokens, temperature=args.temperature,
                                top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                                chat=args.chat):

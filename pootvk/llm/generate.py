@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -92,6 +92,7 @@ class TextModel:
         m, st = self.model, RunStats(prompt_tokens=len(ids))
         self.stats = st
         m.reset()
+        m.prepare(len(ids))  # a bucket's first use compiles: not prefill time
         t0 = time.perf_counter()
         logits = m.prefill(ids)
         st.prefill_s = time.perf_counter() - t0
@@ -148,14 +149,15 @@ DEFAULT_CONTEXT = 2048
 def load(model: str | os.PathLike[str] = "smollm2",
          device: Device | int | str | None = None, *, context: int = DEFAULT_CONTEXT,
          weight_dtype: str = "float16", kv_dtype: str = "float32",
-         timestamps: bool = False) -> TextModel:
+         timestamps: bool = False, progress: Callable[[str], None] | None = None) -> TextModel:
     """A packaged model by name (``"smollm2"``) or a llama-architecture GGUF by path, on
     ``device``, with a KV cache of ``context`` rows. Refusals are typed (``errors``): an
-    unknown name or path, a file of another architecture or an unreadable tensor type."""
+    unknown name or path, a file of another architecture or an unreadable tensor type.
+    ``progress`` gets a line per loaded layer."""
     from .gguf import load_gguf
     from .tokenizer import Tokenizer as GGUFTokenizer
 
-    gm = load_gguf(model, weight_dtype=weight_dtype, capacity=context)
+    gm = load_gguf(model, weight_dtype=weight_dtype, capacity=context, progress=progress)
     cfg = replace(gm.config, tied_embeddings=gm.tied_embeddings, kv_dtype=kv_dtype)
     weights = {n: w for n, w in gm.weights.items() if n in cfg.weight_shapes()}
     tok = GGUFTokenizer.from_gguf(gm.file)

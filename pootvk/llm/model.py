@@ -372,6 +372,13 @@ class LlamaModel(_Decoder):
                                               timestamps=self.timestamps, share=self.program)
         return p
 
+    def prepare(self, tokens: int) -> None:
+        """Build the prefill graphs a prompt of ``tokens`` at the current position will
+        use (compiling and recording them outside any timed prefill)."""
+        for _, rows in prefill_chunks(self.position, tokens, self.cfg.capacity, self.buckets):
+            if rows > 1:
+                self.prefill_program(rows)
+
     def _step(self, token: int, pos: int) -> np.ndarray:
         out = self.program(token=np.array([token], np.int32), pos=np.int32(pos))
         return out["logits"][0]
