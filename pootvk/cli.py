@@ -216,10 +216,21 @@ def _generate(args: argparse.Namespace) -> int:
     from .llm import load
     from .llm.gguf import stderr_progress
 
+    shown = []  # a progress line rewritten in place on a terminal, ended before anything else
+
+    def progress(line: str) -> None:
+        shown.append(line)
+        stderr_progress(line)
+
     t0 = time.perf_counter()
-    with load(args.model, args.device, context=args.context, progress=stderr_progress) as tm:
+    try:
+        tm = load(args.model, args.device, context=args.context,
+                  progress=progress if sys.stderr.isatty() else None)
+    finally:
+        if shown:
+            print(file=sys.stderr)
+    with tm:
         load_s = time.perf_counter() - t0
-        print(file=sys.stderr)  # end the progress line
         if not args.chat:
             print(args.prompt, end="", flush=True)
         for piece in tm.stream(args.prompt, args.max_tokens, temperature=args.temperature,

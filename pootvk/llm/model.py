@@ -104,6 +104,19 @@ class LlamaConfig:
             shapes["lm_head"] = (self.vocab, h)
         return shapes
 
+    def param_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The graph's weight params: :meth:`weight_shapes` with each layer's ``wq`` and
+        ``wk`` packed into one ``wqk`` [(q_heads + kv_heads) * head_dim, hidden] (q rows
+        first), so q and k are one Linear and one RoPE (:func:`model_params` packs them)."""
+        out: dict[str, tuple[int, ...]] = {}
+        for name, shape in self.weight_shapes().items():
+            if name.endswith(".wq"):
+                out[name[:-3] + ".wqk"] = ((self.q_heads + self.kv_heads) * self.head_dim,
+                                          self.hidden)
+            elif not name.endswith(".wk"):
+                out[name] = shape
+        return out
+
     def weight_dtype_of(self, name: str) -> DType:
         """The stored dtype of weight ``name``: F32 for norms, ``dtype`` otherwise."""
         return F32 if len(self.weight_shapes()[name]) == 1 else self.dtype
@@ -132,7 +145,8 @@ SMOLLM2_135M = LlamaConfig(layers=30, q_heads=9, kv_heads=3, head_dim=64, hidden
 def _trace(cfg: LlamaConfig, rows: int) -> Graph:
     """The graph of ``rows`` tokens at ``pos``: decode when rows == 1, else prefill."""
     b = Builder()
-    w = {n: b.param(n, s, cfg.weight_dtype_of(n)) for n, s in cfg.weight_shapes().items()}
+    w = {n: b.param(n, s, cfg.dtype if n.endswith(".wqk") else cfg.weight_dtype_of(n))
+         for n, s in cfg.param_shapes().items()}
     cap, hq, hkv, d = cfg.capacity, cfg.q_heads, cfg.kv_heads, cfg.head_dim
     cos = b.param("rope_cos", (cap, d // 2))
     sin = b.param("rope_sin", (cap, d // 2))
@@ -165,8 +179,11 @@ def _trace(cfg: LlamaConfig, rows: int) -> Graph:
     x = f32(b.gather(w["embed"], token))  # [rows, hidden]
     for i in range(cfg.layers):
         h = b.rms_norm(x, w[f"l{i}.attn_norm"], cfg.eps)
-        q = b.rope(heads(linear(h, w[f"l{i}.wq"]), hq), pos, cos, sin)
-        k = b.rope(heads(linear(h, w[f"l{i}.wk"]), hkv), pos, cos, sin)
+        # q and k as one Linear and one RoPE over hq + hkv heads (``wqk`` packs wq over wk):
+        # one rotation chain per layer instead of two, then two slices
+        qk = b.rope(heads(linear(h, w[f"l{i}.wqk"]), hq + hkv), pos, cos, sin)
+        q = b.slice(qk, (0, 0, 0, 0), (1, hq, rows, d))
+        k = b.slice(qk, (0, hq, 0, 0), (1, hq + hkv, rows, d))
         v = heads(linear(h, w[f"l{i}.wv"]), hkv)
         if cfg.cache_dtype is not F32:
             k, v = b.convert(k, cfg.cache_dtype), b.convert(v, cfg.cache_dtype)
@@ -224,8 +241,8 @@ def random_weights(cfg: LlamaConfig, seed: int = 0) -> dict[str, np.ndarray]:
 
 def model_params(cfg: LlamaConfig, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """``weights`` (every name of ``cfg.weight_shapes()``, any float dtype) as the graph's
-    params: each in its stored dtype, plus the RoPE tables when not given. A missing or
-    misshapen weight raises InvalidArgument naming it."""
+    params (``cfg.param_shapes()``: q/k packed): each in its stored dtype, plus the RoPE
+    tables when not given. A missing or misshapen weight raises InvalidArgument naming it."""
     out: dict[str, np.ndarray] = {}
     for name, shape in cfg.weight_shapes().items():
         if name not in weights:
@@ -234,6 +251,8 @@ def model_params(cfg: LlamaConfig, weights: Mapping[str, np.ndarray]) -> dict[st
         if a.shape != shape:
             raise InvalidArgument(name, f"shape {shape}", a.shape)
         out[name] = a.astype(cfg.weight_dtype_of(name).numpy, copy=False)
+    for i in range(cfg.layers):  # the graph's packed q/k projection (LlamaConfig.param_shapes)
+        out[f"l{i}.wqk"] = np.concatenate([out.pop(f"l{i}.wq"), out.pop(f"l{i}.wk")])
     if "rope_cos" in weights and "rope_sin" in weights:
         out["rope_cos"], out["rope_sin"] = weights["rope_cos"], weights["rope_sin"]
     else:
