@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from pootvk.errors import CapacityExceeded, SlotRangeError
+from pootvk.ir import F16
 from pootvk.ir import prims as P
 from pootvk.llm import LlamaConfig, LlamaModel, OracleLlama, prefill_chunks, random_weights
 from tests.helpers import nse
@@ -155,3 +156,32 @@ def test_prefill_then_decode_matches_the_oracle(device, tied, bucket):
         model.reset()  # a second sequence over the same buffers gives the same tokens
         assert [t for t, _ in model.generate(prompt, 12)] == [t for t, _ in want]
         assert model.recordings == 2
+
+
+def test_smollm2_plan_reads_weights_as_stored():
+    """At SmolLM2-135M's shapes (planned for the H200, no device): every weight matmul is
+    one Linear reading the F16 [out, in] weight as stored (no Transpose or Convert kernel of
+    a weight; the one Convert widens the gathered embedding row), q/k share one Linear and
+    one RoPE chain, the RoPE rows are gathered once for all layers, and attention is one
+    live kernel per layer."""
+    from pootvk.llm import SMOLLM2_135M, trace_llama, trace_prefill
+    from pootvk.passes import compile_graph
+    from pootvk.plan import plan_graph, recorded_profile
+
+    cfg = SMOLLM2_135M
+    for graph in (trace_llama(cfg), trace_prefill(cfg, 64)):
+        g = compile_graph(graph)
+        assert g.count(P.LINEAR) == 6 * cfg.layers + 1  # qk, v, o, gate, up, down; LM head
+        assert g.count(P.MATMUL) == 0 and g.count(P.CONVERT) == 1
+        assert g.count(P.GATHER) == (3 if graph.slot("pos").range[1] == cfg.capacity - 1
+                                     else 4)  # embedding, cos, sin (+ the last row)
+        linear_weights = [e.inputs[1] for e in g.eqns if e.prim is P.LINEAR]
+        slots = {s.var: s for s in g.slots}
+        assert all(slots[w].var.dtype is F16 for w in linear_weights)
+        assert all(e.params["form"].transpose_b for e in g.eqns if e.prim is P.LINEAR)
+        assert g.count(P.ATTENTION) == cfg.layers
+        assert all(e.params["form"].live for e in g.eqns if e.prim is P.ATTENTION)
+    g = compile_graph(trace_llama(cfg))
+    assert g.count(P.TRANSPOSE) == 0  # decode heads are views
+    plan = plan_graph(g, recorded_profile("nvidia_h200"))
+    assert len(plan.kernels) <= 40 * cfg.layers  # 39.4 per layer unfused (RMSNorm 7, RoPE 9)
