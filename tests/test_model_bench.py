@@ -25,6 +25,6 @@ def test_model_bench_quick(capsys, device, tmp_path):
     assert res["prefill"]["tokens"] == 16 and res["prefill"]["tokens_per_s"] > 0
     for row in res["decode"]:
         fam = sum(row["families_ms"].values())
-        # the dispatches' own times sum to at most the step (gaps and barriers between)
-        assert 0.5 * row["gpu_ms"] <= fam <= 1.01 * row["gpu_ms"], (fam, row["gpu_ms"])
+        # per-dispatch medians: their sum is near the median step (a shared machine: loose)
+        assert 0.3 * row["gpu_ms"] <= fam <= 1.5 * row["gpu_ms"], (fam, row["gpu_ms"])
         assert 0 < row["read_fraction"] < 1.5
