@@ -38,6 +38,7 @@ import json
 import statistics
 import sys
 import time
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -332,7 +333,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"read ceiling: {ceiling.gbps:.1f} GB/s")
     pre = bench_prefill(model, a.prompt, a.warm, a.reps)
     print(f"prefill {a.prompt} tokens: {pre['tokens_per_s']:.1f} tokens/s (wall "
-          f"{pre['wall_ms']:.2f} ms, buckets {pre['chunks']})")
+          f"{pre['wall_ms']:.2f} ms; graphs run: "
+          + ", ".join(f"{n} x {rows} rows" for rows, n in
+                      sorted(Counter(pre["chunks"]).items())) + ")")
     dec = [bench_decode(model, timed, p, a.warm, a.steps, ceiling.gbps) for p in positions]
     print("decode:")
     print(f"  {'position':>8} {'tokens/s':>9} {'wall ms':>8} {'GPU ms':>8} "

@@ -172,7 +172,7 @@ def test_smollm2_plan_reads_weights_as_stored():
     for graph in (trace_llama(cfg), trace_prefill(cfg, 64)):
         g = compile_graph(graph)
         assert g.count(P.LINEAR) == 6 * cfg.layers + 1  # qk, v, o, gate, up, down; LM head
-        assert g.count(P.MATMUL) == 0 and g.count(P.CONVERT) == 1
+        assert g.count(P.MATMUL) == 0 and g.count(P.CONVERT) <= 1  # (a fusion may take it)
         assert g.count(P.GATHER) == (3 if graph.slot("pos").range[1] == cfg.capacity - 1
                                      else 4)  # embedding, cos, sin (+ the last row)
         linear_weights = [e.inputs[1] for e in g.eqns if e.prim is P.LINEAR]
