@@ -345,9 +345,17 @@ def main(argv: list[str] | None = None) -> int:
         fr = "n/a" if r["read_fraction"] is None else f"{r['read_fraction']:.1%}"
         print(f"  {r['position']:>8} {r['tokens_per_s']:>9.1f} {r['wall_ms']:>8.3f} {g:>8} "
               + " ".join(f"{r['families_ms'][f]:>15.3f} ms" for f in FAMILIES) + f" {fr:>12}")
-    peers = {"torch": bench_torch(cfg, weights, a.prompt, positions, max(a.steps, 10))
-             if not a.quick else "skipped (--quick)",
-             "llama_cpp": bench_llama_cpp(path, a.prompt, a.steps)}
+    peers: dict[str, dict | str] = {}
+    for name, fn in (("torch", lambda: bench_torch(cfg, weights, a.prompt, positions,
+                                                   max(a.steps, 10))),
+                     ("llama_cpp", lambda: bench_llama_cpp(path, a.prompt, a.steps))):
+        if a.quick and name == "torch":
+            peers[name] = "skipped (--quick)"
+            continue
+        try:  # a peer's failure is a note in the report, never the end of the run
+            peers[name] = fn()
+        except Exception as e:
+            peers[name] = f"failed: {type(e).__name__}: {e}".splitlines()[0]
     for name, r in peers.items():
         if isinstance(r, str):
             print(f"{name}: {r}")
