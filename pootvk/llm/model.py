@@ -148,8 +148,8 @@ def _trace(cfg: LlamaConfig, rows: int) -> Graph:
     w = {n: b.param(n, s, cfg.dtype if n.endswith(".wqk") else cfg.weight_dtype_of(n))
          for n, s in cfg.param_shapes().items()}
     cap, hq, hkv, d = cfg.capacity, cfg.q_heads, cfg.kv_heads, cfg.head_dim
-    cos = b.param("rope_cos", (cap, d // 2))
-    sin = b.param("rope_sin", (cap, d // 2))
+    cos = b.param("rope_cos", (cap, d))  # folded tables: the six-kernel RoPE chain
+    sin = b.param("rope_sin", (cap, d))
     prefill = rows > 1
     token = b.tokens("tokens" if prefill else "token", (rows,), cfg.vocab)
     pos = b.pos("pos", 0, cap - rows)
@@ -235,7 +235,8 @@ def random_weights(cfg: LlamaConfig, seed: int = 0) -> dict[str, np.ndarray]:
         else:
             a = rng.standard_normal(shape, dtype=np.float32) / np.float32(np.sqrt(shape[1]))
         out[name] = a.astype(cfg.weight_dtype_of(name).numpy)
-    out["rope_cos"], out["rope_sin"] = rope_tables(cfg.capacity, cfg.head_dim, cfg.rope_theta)
+    out["rope_cos"], out["rope_sin"] = rope_tables(cfg.capacity, cfg.head_dim, cfg.rope_theta,
+                                                   full=True)
     return out
 
 
@@ -257,7 +258,7 @@ def model_params(cfg: LlamaConfig, weights: Mapping[str, np.ndarray]) -> dict[st
         out["rope_cos"], out["rope_sin"] = weights["rope_cos"], weights["rope_sin"]
     else:
         out["rope_cos"], out["rope_sin"] = rope_tables(cfg.capacity, cfg.head_dim,
-                                                       cfg.rope_theta)
+                                                       cfg.rope_theta, full=True)
     return out
 
 

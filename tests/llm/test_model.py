@@ -184,4 +184,6 @@ def test_smollm2_plan_reads_weights_as_stored():
     g = compile_graph(trace_llama(cfg))
     assert g.count(P.TRANSPOSE) == 0  # decode heads are views
     plan = plan_graph(g, recorded_profile("nvidia_h200"))
-    assert len(plan.kernels) <= 40 * cfg.layers  # 39.4 per layer unfused (RMSNorm 7, RoPE 9)
+    # 36.4 per layer unfused: RMSNorm 7 x 2, Linear 6, RoPE 6 (folded tables, q and k in one
+    # chain), q/k slices 2, cache writes 2, attention + combine 2, residuals 2, SwiGLU 2
+    assert len(plan.kernels) <= 37 * cfg.layers
