@@ -1,6 +1,7 @@
 """Decode-attention probe: the grouped split-KV kernels against the read ceiling, one run.
 
     python3 bench/decode_probe.py [--shapes B,Hq,Hkv,Lk ...] [--dtypes f32,f16] [--tune]
+                                  [--variants JSON]
                                   [--warm 1.0] [--reps 50] [--json FILE]
 
 Measured in one run on one device: the streaming-read ceiling
@@ -290,7 +291,10 @@ def run_shape(device, shape, kvs, args, ceiling_gbps, clock, results):
         if args.tune and kv in args.tune_dtypes.split(","):
             base = choose_decode_schedule(p, device.profile, has_subgroup_shuffle=True)
             seen = set()
-            if args.exp:
+            if args.variants:
+                cands = [({k: v for k, v in d.items() if k != "splits"}, d.get("splits"))
+                         for d in json.loads(args.variants)]
+            elif args.exp:
                 cands = exp_candidates(base, kv)
             elif args.lite:
                 cands = [({}, None)] + [(v, None) for v in LITE_VARIANTS] + \
@@ -349,6 +353,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tune-warm", type=float, default=0.3)
     ap.add_argument("--no-streaming", action="store_true")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--variants", default=None,
+                    help='with --tune: a JSON list of schedule overrides, e.g. '
+                         '\'[{"rows_per_wg": 1}, {"lanes_per_key": 16, "splits": 8}]\'')
     args = ap.parse_args(argv)
     # a shape may name its own dtypes: B,Hq,Hkv,Lk/f32+f16
     specs = [(s.split("/") + [""])[:2] for s in args.shapes] if args.shapes \

@@ -2,7 +2,7 @@
 
     python3 bench/gemv.py [--device N] [--shape K,N ...] [--dtype f16|f32 ...]
                           [--layout kn|nk ...] [--tune] [--quick] [--warm S] [--reps N]
-                          [--json FILE]
+                          [--gemm [--rows M]] [--json FILE]
 
 Measured in one run on one device:
 
@@ -21,6 +21,12 @@ GPU idles at a low clock), the median of ``--reps`` is reported, the SM clock is
 through NVML where ``pynvml`` imports (a warning when it is under 95% of the maximum).
 GB/s = bytes of W / kernel time; "L2" marks W <= 50 MB (it fits the H200's 60 MB L2, so
 back-to-back replays can read the cache and pass the DRAM ceiling).
+
+``--gemm`` times the prefill product ``x[M, K] @ W`` instead (M = ``--rows``, 512 by default;
+shapes (576, 1536) and (4096, 4096)): the planner's tiled GEMM against torch, as TFLOP/s
+(2 M K N / kernel time) next to the bytes of W; ``--tune`` then compares GEMM tiles. torch
+multiplies F16 on tensor cores in F16 while pootvk's GEMM computes in F32 on the SIMT units,
+so the F16 comparison is against a different kind of kernel.
 
 ``--tune`` also times schedule variants per case (GEMV_N: words of N per workgroup,
 workgroup size, rows in flight; GEMV_T: lanes per output, workgroup size, outputs per
@@ -53,8 +59,11 @@ from pootvk.vk import Dispatch, Recorder  # noqa: E402
 
 SHAPES = [(576, 1536), (4096, 4096), (4096, 14336), (8192, 28672)]
 QUICK_SHAPES = [(256, 384), (200, 130)]
+GEMM_SHAPES = [(576, 1536), (4096, 4096)]
+GEMM_ROWS = 512
 DTYPES = {"f16": F16, "f32": F32}
 LAYOUTS = ("kn", "nk")
+GEMM_TILES = ((32, 32), (64, 32), (32, 64), (64, 64), (128, 64), (64, 128))
 TOL = 5e-4  # normalised squared error, DESIGN.md
 GOAL = 0.7  # issue 9: >= 0.7 of the read ceiling on the three large shapes
 
@@ -66,9 +75,9 @@ def _warm(fn, seconds: float) -> None:
         fn()
 
 
-def graph(k: int, n: int, dt, layout: str):
+def graph(k: int, n: int, dt, layout: str, rows: int = 1):
     b = Builder()
-    x = b.input("x", (1, k))
+    x = b.input("x", (rows, k))
     w = b.param("w", (k, n) if layout == "kn" else (n, k), dt)
     wf = b.convert(w, F32) if dt is not F32 else w
     if layout == "nk":
@@ -77,9 +86,9 @@ def graph(k: int, n: int, dt, layout: str):
     return b.build()
 
 
-def make_inputs(k: int, n: int, dt, layout: str, seed: int = 0):
+def make_inputs(k: int, n: int, dt, layout: str, seed: int = 0, rows: int = 1):
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal((1, k), dtype=np.float32)
+    x = rng.standard_normal((rows, k), dtype=np.float32)
     shape = (k, n) if layout == "kn" else (n, k)
     w = rng.standard_normal(shape, dtype=np.float32).astype(dt.numpy)
     wk = w if layout == "kn" else w.T
@@ -109,13 +118,15 @@ def _time(device, dispatches, warm_s, reps, clock):
 
 
 class Case:
-    """One (K, N, dtype, layout): the planned replay, W uploaded and x bound once; the
+    """One (K, N, dtype, layout, rows): the planned replay, W uploaded and x bound once; the
     default schedule and every tune variant run over the same buffers."""
 
-    def __init__(self, device, k, n, dt, layout, inputs):
+    def __init__(self, device, k, n, dt, layout, inputs, rows=1):
         self.device, self.k, self.n, self.dt, self.layout = device, k, n, dt, layout
+        self.rows = rows
         x, w, self.ref = inputs
-        self.rp = build_replay(graph(k, n, dt, layout), device, timestamps=True)
+        self.x, self.w = x, w  # a split-K variant plans its own replay over them
+        self.rp = build_replay(graph(k, n, dt, layout, rows), device, timestamps=True)
         reqs = [kn.request for kn in self.rp.plan.kernels]
         assert len(reqs) == 1 and isinstance(reqs[0], MatMulRequest), reqs
         self.request = reqs[0]
@@ -128,7 +139,20 @@ class Case:
         return _time(self.device, [self.base], warm_s, reps, clock)
 
     def variant(self, fields: dict):
-        """(request, nse) of a forced schedule run once over the same buffers."""
+        """(request, dispatches, nse, close) of a forced schedule run once over the same
+        buffers; a split-K schedule (a partial and a combine launch over scratch) plans and
+        runs its own replay, closed by ``close``."""
+        if fields.get("splits", 1) > 1:
+            with forced_matmul(**fields):
+                rp = build_replay(graph(self.k, self.n, self.dt, self.layout, self.rows),
+                                  self.device, timestamps=True)
+            try:
+                rp.set_params({"w": self.w})
+                err = nse(rp.step({"x": self.x})["y"], self.ref)
+            except Exception:
+                rp.close()
+                raise
+            return rp.plan.kernels[0].request, list(rp.recording.dispatches), err, rp.close
         g = self.rp.plan.graph
         a, b = g.eqns[0].inputs
         with forced_matmul(**fields):
@@ -139,24 +163,24 @@ class Case:
         d = Dispatch(pipe, self.base.bindings, (*req.grid, 1), "variant",
                      access=self.base.access)
         buf = self.rp.buffers[self.out.buffer]
-        buf.write(self.out.offset, np.full(self.n, np.nan, np.float32).tobytes())
+        buf.write(self.out.offset, np.full(self.out.nbytes // 4, np.nan, np.float32).tobytes())
         rec = Recorder(self.device).record([d])
         try:
             rec.submit(wait=True)
         finally:
             rec.destroy()
         y = np.frombuffer(buf.read(self.out.offset, self.out.nbytes), np.float32)
-        return req, d, nse(y.reshape(self.ref.shape), self.ref)
+        return req, [d], nse(y.reshape(self.ref.shape), self.ref), lambda: None
 
     def close(self):
         self.rp.close()
 
 
-def time_torch(k, n, dt, layout, *, warm_s, reps, calls=10):
+def time_torch(k, n, dt, layout, *, warm_s, reps, calls=10, rows=1):
     import torch
 
     tdt = torch.float16 if dt is F16 else torch.float32
-    x = torch.randn(1, k, device="cuda", dtype=tdt)
+    x = torch.randn(rows, k, device="cuda", dtype=tdt)
     w = (torch.randn(k, n, device="cuda", dtype=tdt) if layout == "kn"
          else torch.randn(n, k, device="cuda", dtype=tdt).t())
     s = torch.cuda.Stream()
@@ -182,9 +206,37 @@ def time_torch(k, n, dt, layout, *, warm_s, reps, calls=10):
     return statistics.median(per)
 
 
-def variants(layout: str, quick: bool) -> list[dict]:
-    """Schedule fields ``--tune`` compares (a workgroup size is lanes * groups)."""
+def split_variants(k: int, n: int, vec: int, units: int, quick: bool) -> list[dict]:
+    """Split-K GEMV_N schedules: a row segment of 128, 256 or 512 bytes per workgroup (one
+    to four cache lines of each W row: DRAM pages are read in longer runs than the 64-byte
+    segments the single-launch F16 schedule takes), K cut into enough slices that the
+    grid has about 4 or 8 workgroups per unit, each lane still summing >= 8 rows; 256
+    invocations, and 1024 for two of them."""
     out = []
+    rows = 2 if quick else 8
+    shapes = [(8, 4, 64)] if quick else [
+        (lanes, per_unit, 256) for lanes in (8, 16, 32) for per_unit in (4, 8)]
+    if not quick:  # 1024 invocations: the single-launch F16 optimum's workgroup size
+        shapes += [(8, 4, 1024), (16, 4, 1024)]
+    for lanes, per_unit, wg in shapes:
+        tiles = -(-(n // vec) // lanes)
+        splits = 1
+        while tiles * splits < per_unit * units and k // (splits * 2) >= rows * (wg // lanes):
+            splits *= 2
+        f = {"kind": "gemv_n", "lanes": lanes, "groups": wg // lanes,
+             "unroll": 2 if quick else 8, "splits": splits}
+        if splits > 1 and f not in out:
+            out.append(f)
+    return out
+
+
+def variants(layout: str, quick: bool, gemm: bool = False) -> list[dict]:
+    """Schedule fields ``--tune`` compares (a GEMV workgroup size is lanes * groups; a GEMM
+    one (tile_m / 4) * (tile_n / 4)); ``split_variants`` adds the split-K GEMV_N ones."""
+    out = []
+    if gemm:
+        tiles = ((32, 32), (64, 32)) if quick else GEMM_TILES
+        return [{"kind": "gemm", "tile_m": tm, "tile_n": tn} for tm, tn in tiles]
     if layout == "kn":
         for lanes in (1, 2, 4, 8):
             for wg in ((64,) if quick else (256, 512, 1024)):
@@ -203,20 +255,29 @@ def variants(layout: str, quick: bool) -> list[dict]:
 
 def tune_case(case, dn, ceiling_gbps, *, warm_s, reps, clock, quick):
     """Time every variant of one case (each checked); print them and the best."""
-    k, n, lay = case.k, case.n, case.layout
+    k, n, lay, m = case.k, case.n, case.layout, case.rows
     nbytes = k * n * DTYPES[dn].device_itemsize
     out, best = [], None
-    for f in variants(lay, quick):
+    fs = variants(lay, quick, gemm=m > 1)
+    if lay == "kn" and m == 1:
+        fs += split_variants(k, n, case.request.vec, case.device.profile.compute_units or 8,
+                             quick)
+    for f in fs:
+        close = None
         try:
-            req, d, err = case.variant(f)
-            us, _ = _time(case.device, [d], min(warm_s, 0.2), max(5, reps // 2), clock)
+            req, ds, err, close = case.variant(f)
+            us, _ = _time(case.device, ds, min(warm_s, 0.2), max(5, reps // 2), clock)
         except Exception as e:
             print(f"    {f}: failed: {type(e).__name__}: {e}".splitlines()[0])
             continue
+        finally:
+            if close is not None:
+                close()
         frac, ok = nbytes / (us * 1e3) / ceiling_gbps, err <= TOL
-        out.append({"k": k, "n": n, "dtype": dn, "layout": lay, **f, "us": us, "frac": frac,
-                    "ok": ok, "kernel": req.describe()})
-        print(f"    {req.describe()}: {us:.2f} us, {frac:.0%}"
+        tflops = 2 * m * k * n / (us * 1e6)
+        out.append({"k": k, "n": n, "m": m, "dtype": dn, "layout": lay, **f, "us": us,
+                    "frac": frac, "tflops": tflops, "ok": ok, "kernel": req.describe()})
+        print(f"    {req.describe()}: {us:.2f} us, {frac:.0%}, {tflops:.1f} TFLOP/s"
               + ("" if ok else f" WRONG (nse {err:.1e})"))
         if ok and (best is None or us < best[0]):
             best = (us, frac, req.describe())
@@ -240,9 +301,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warm", type=float, default=None)
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--gemm", action="store_true", help="time x[M,K] @ W (prefill rows)")
+    ap.add_argument("--rows", type=int, default=None, help=f"M for --gemm ({GEMM_ROWS})")
     a = ap.parse_args(argv)
+    m_rows = (a.rows or (16 if a.quick else GEMM_ROWS)) if a.gemm else 1
     shapes = ([tuple(int(v) for v in s.split(",")) for s in a.shape] if a.shape
-              else QUICK_SHAPES if a.quick else SHAPES)
+              else QUICK_SHAPES if a.quick else GEMM_SHAPES if a.gemm else SHAPES)
     dtypes = a.dtype or ["f16", "f32"]
     layouts = a.layout or list(LAYOUTS)
     warm_s = a.warm if a.warm is not None else (0.05 if a.quick else 1.0)
@@ -271,16 +335,17 @@ def main(argv: list[str] | None = None) -> int:
                 if nbytes > p.max_storage_buffer_range:
                     print(f"skip {k},{n} {dn} {lay}: {nbytes} B > the device's binding range")
                     continue
-                inputs = make_inputs(k, n, dt, lay)
-                row = {"k": k, "n": n, "dtype": dn, "layout": lay, "w_bytes": nbytes,
-                       "l2": nbytes <= L2_FIT_BYTES}
+                inputs = make_inputs(k, n, dt, lay, rows=m_rows)
+                row = {"k": k, "n": n, "m": m_rows, "dtype": dn, "layout": lay,
+                       "w_bytes": nbytes, "l2": nbytes <= L2_FIT_BYTES}
                 case = None
                 try:
-                    case = Case(device, k, n, dt, lay, inputs)
+                    case = Case(device, k, n, dt, lay, inputs, m_rows)
                     us, mhz = case.time_default(warm_s=warm_s, reps=reps, clock=clock)
                     clock.check(f"pootvk {k},{n} {dn} {lay}", sys.stdout)
                     gbps = nbytes / (us * 1e3)
                     row.update(us=us, gbps=gbps, frac=gbps / ceiling.gbps, nse=case.nse,
+                               tflops=2 * m_rows * k * n / (us * 1e6),
                                ok=case.nse <= TOL, kernel=case.request.describe(), sm_mhz=mhz)
                     if a.tune:
                         tuned += tune_case(case, dn, ceiling.gbps, warm_s=warm_s, reps=reps,
@@ -292,35 +357,41 @@ def main(argv: list[str] | None = None) -> int:
                         case.close()
                 if not why_no_torch:
                     try:
-                        tus = time_torch(k, n, dt, lay, warm_s=warm_s, reps=reps)
-                        row.update(torch_us=tus, torch_frac=nbytes / (tus * 1e3) / ceiling.gbps)
+                        tus = time_torch(k, n, dt, lay, warm_s=warm_s, reps=reps, rows=m_rows)
+                        row.update(torch_us=tus, torch_frac=nbytes / (tus * 1e3) / ceiling.gbps,
+                                   torch_tflops=2 * m_rows * k * n / (tus * 1e6))
                     except Exception as e:
                         row["torch_note"] = f"{type(e).__name__}: {e}".splitlines()[0]
                 rows.append(row)
-                print(f"  {k},{n} {dn} {lay}: {_fmt(row.get('frac'), '.0%')} of ceiling, "
+                print(f"  {k},{n} {dn} {lay} M={m_rows}: {_fmt(row.get('frac'), '.0%')} of "
+                      f"ceiling, {_fmt(row.get('tflops'))} TFLOP/s, "
                       f"{_fmt(row.get('us'), '.2f')} us, nse {_fmt(row.get('nse'), '.1e')}"
                       + (f"  [{row['note']}]" if "note" in row else ""), flush=True)
 
-    print("\n| K,N | W dtype | layout | W MB | L2 | pootvk of ceiling | GB/s | pootvk us | "
-          "torch of ceiling | torch us | pootvk speed vs torch | check (nse) | SM MHz | kernel |")
-    print("|" + "---|" * 14)
+    print("\n| K,N | M | W dtype | layout | W MB | L2 | pootvk of ceiling | GB/s | TFLOP/s | "
+          "pootvk us | torch of ceiling | torch TFLOP/s | torch us | pootvk speed vs torch | "
+          "check (nse) | SM MHz | kernel |")
+    print("|" + "---|" * 17)
     for r in rows:
         sp = (r["torch_us"] / r["us"]) if "us" in r and "torch_us" in r else None
         chk = "n/a" if "nse" not in r else f"{r['nse']:.1e} {'OK' if r['ok'] else 'FAILED'}"
-        print(f"| {r['k']},{r['n']} | {r['dtype']} | {r['layout']} | {r['w_bytes'] / 1e6:.1f} | "
-              f"{'yes' if r['l2'] else 'no'} | {_fmt(r.get('frac'), '.0%')} | "
-              f"{_fmt(r.get('gbps'))} | {_fmt(r.get('us'), '.2f')} | "
-              f"{_fmt(r.get('torch_frac'), '.0%')} | {_fmt(r.get('torch_us'), '.2f')} | "
+        print(f"| {r['k']},{r['n']} | {r['m']} | {r['dtype']} | {r['layout']} | "
+              f"{r['w_bytes'] / 1e6:.1f} | {'yes' if r['l2'] else 'no'} | "
+              f"{_fmt(r.get('frac'), '.0%')} | {_fmt(r.get('gbps'))} | "
+              f"{_fmt(r.get('tflops'), '.2f')} | {_fmt(r.get('us'), '.2f')} | "
+              f"{_fmt(r.get('torch_frac'), '.0%')} | {_fmt(r.get('torch_tflops'), '.2f')} | "
+              f"{_fmt(r.get('torch_us'), '.2f')} | "
               f"{'n/a' if sp is None else f'{sp:.2f}x'} | {chk} | {r.get('sm_mhz') or 'n/a'} | "
               f"{r.get('kernel', r.get('note', ''))} |")
     print("pootvk speed vs torch = torch us / pootvk us (> 1: pootvk faster); layout kn: W "
           f"stored [K,N] (x @ W); nk: W stored [N,K] (x @ W^T); goal >= {GOAL:.0%} of the "
-          "ceiling on the three large shapes")
+          "ceiling on the three large shapes" + ("; M > 1: the tiled GEMM, TFLOP/s = 2 M K N / time"
+                                                  if m_rows > 1 else ""))
     if tuned:
         print("\n## --tune: the best checked variant per case against the default schedule")
-        print("| K,N | W dtype | layout | default us | best us | best / default speed | best "
-              "of ceiling | best fields |")
-        print("|" + "---|" * 8)
+        print("| K,N | M | W dtype | layout | default us | best us | best / default speed | best "
+              "of ceiling | best TFLOP/s | best fields |")
+        print("|" + "---|" * 10)
         for r in rows:
             mine = [t for t in tuned if t["ok"] and (t["k"], t["n"], t["dtype"], t["layout"])
                     == (r["k"], r["n"], r["dtype"], r["layout"])]
@@ -328,9 +399,11 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             t = min(mine, key=lambda t: t["us"])
             fields = {k: v for k, v in t.items() if k in ("kind", "lanes", "groups", "outs",
-                                                          "unroll")}
-            print(f"| {r['k']},{r['n']} | {r['dtype']} | {r['layout']} | {r['us']:.2f} | "
-                  f"{t['us']:.2f} | {r['us'] / t['us']:.2f}x | {t['frac']:.0%} | {fields} |")
+                                                          "unroll", "splits", "tile_m",
+                                                          "tile_n")}
+            print(f"| {r['k']},{r['n']} | {r['m']} | {r['dtype']} | {r['layout']} | "
+                  f"{r['us']:.2f} | {t['us']:.2f} | {r['us'] / t['us']:.2f}x | {t['frac']:.0%} | "
+                  f"{t['tflops']:.2f} | {fields} |")
     if a.json:
         Path(a.json).write_text(json.dumps(
             {"device": device.name, "ceiling_gbps": ceiling.gbps, "warm_s": warm_s,

@@ -2,7 +2,8 @@
 
     python3 bench/model_decode.py [--quick] [--layers 4 --hidden 256 --intermediate 512
         --q-heads 8 --kv-heads 2 --head-dim 64 --vocab 512 --capacity 512]
-        [--dtype float32|float16] [--steps 64] [--warmup 4] [--check 4] [--json FILE]
+        [--dtype float32|float16] [--steps 64] [--warmup 4] [--warm 1.0] [--check 4]
+        [--json FILE]
 
 One model (``pootvk.llm.LlamaModel``: seeded random weights, recorded once) decodes greedily
 in two modes on the same device:
@@ -11,7 +12,8 @@ in two modes on the same device:
 * rerecord: the command buffer is recorded again before every token (descriptor sets and
   commands), what a runtime without replay pays.
 
-For each mode it prints tokens/s (wall time per token, host argmax included), the median
+Each mode first steps back to back for ``--warm`` seconds (GPU clocks up). For each mode it
+prints tokens/s (wall time per token, host argmax included), the median
 GPU time per token (timestamps) and the host time per token (wall minus GPU). ``--check N``
 first compares N steps' logits with the numpy oracle (normalised squared error <= 5e-4) so
 a fast wrong answer is never reported. ``--quick`` is a tiny model for lavapipe.
@@ -40,7 +42,31 @@ def _nse(a: np.ndarray, b: np.ndarray) -> float:
     return float((d * d).sum() / max(float((b.astype(np.float64) ** 2).sum()), 1e-30))
 
 
-def run_mode(model: LlamaModel, steps: int, warmup: int, rerecord: bool) -> dict:
+def warm(model: LlamaModel, seconds: float) -> None:
+    """Step back to back for ``seconds``: a GPU idles at a low clock until it has load (the
+    H200 at 345 of 1980 MHz), and an unwarmed step is timed at that clock."""
+    token, end = 1, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        if model.position >= model.cfg.capacity:
+            model.reset()
+        token = int(np.argmax(model.step(token)))
+
+
+def sm_clock() -> str:
+    """The SM clock through NVML where it imports (else 'n/a')."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        return f"{pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)} MHz"
+    except Exception:  # noqa: BLE001
+        return "n/a"
+
+
+def run_mode(model: LlamaModel, steps: int, warmup: int, rerecord: bool,
+             warm_s: float = 0.0) -> dict:
+    warm(model, warm_s)
     model.reset()
     token = 1
     walls, gpus = [], []
@@ -66,6 +92,7 @@ def run_mode(model: LlamaModel, steps: int, warmup: int, rerecord: bool) -> dict
         "gpu_ms": None if gpu is None else gpu * 1e3,
         "host_ms": None if gpu is None else (wall - gpu) * 1e3,
         "recordings": model.recordings,
+        "sm_clock": sm_clock(),
     }
 
 
@@ -86,10 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", type=int, default=4, help="steps checked against the oracle")
     ap.add_argument("--device", default=None)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--warm", type=float, default=1.0, help="s of back-to-back steps first")
     a = ap.parse_args(argv)
     if a.quick:
         a.layers, a.hidden, a.intermediate, a.vocab, a.capacity = 2, 128, 256, 256, 64
         a.q_heads, a.kv_heads, a.head_dim, a.steps, a.warmup = 4, 2, 32, 16, 2
+        a.warm = min(a.warm, 0.1)
     cfg = LlamaConfig(layers=a.layers, q_heads=a.q_heads, kv_heads=a.kv_heads,
                       head_dim=a.head_dim, hidden=a.hidden, intermediate=a.intermediate,
                       vocab=a.vocab, capacity=a.capacity, weight_dtype=a.dtype)
@@ -114,12 +143,13 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     results = {}
     for mode, rer in (("replay", False), ("rerecord", True)):
-        r = run_mode(model, a.steps, a.warmup, rer)
+        r = run_mode(model, a.steps, a.warmup, rer, a.warm)
         results[mode] = r
         gpu = "n/a" if r["gpu_ms"] is None else f"{r['gpu_ms']:.3f}"
         host = "n/a" if r["host_ms"] is None else f"{r['host_ms']:.3f}"
         print(f"{mode:<9} {r['tokens_per_s']:9.1f} tokens/s  wall {r['wall_ms']:8.3f} ms/token"
-              f"  gpu {gpu} ms  host {host} ms  (recordings so far {r['recordings']})")
+              f"  gpu {gpu} ms  host {host} ms  (recordings so far {r['recordings']}; "
+              f"SM clock {r['sm_clock']})")
     rp, rr = results["replay"], results["rerecord"]
     if rp["host_ms"] is not None and rr["host_ms"] is not None:
         print(f"host time per token: replay {rp['host_ms']:.3f} ms vs re-record "

@@ -147,6 +147,8 @@ def kernel_summary(req: object) -> str:
         AttentionRequest,
         DecodeCombineRequest,
         DecodeRequest,
+        FusedReduceRequest,
+        FusedRequest,
         PrimRequest,
         ReduceRequest,
         ScatterRequest,
@@ -166,6 +168,11 @@ def kernel_summary(req: object) -> str:
                 f"{req.keys_per_step} keys/step{_split_note(req)}")
     if isinstance(req, PrimRequest):
         return f"{req.prim}: {req.threads} invocations"
+    if isinstance(req, FusedRequest):
+        return f"fused {req.body}: {req.threads} invocations"
+    if isinstance(req, FusedReduceRequest):
+        what = "row" if req.epilogue is not None else "reduce"
+        return f"fused {what} ({req.op.value}): {req.rows} workgroups x {req.lanes} lanes"
     if isinstance(req, ReduceRequest | ScatterRequest):
         return f"{req.describe()}: {req.grid[0] * req.grid[1]} workgroups x {req.local_size}"
     return repr(req)

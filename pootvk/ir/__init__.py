@@ -1,7 +1,7 @@
 """The IR: dtypes, Var/Literal, Eqn, Slot, Graph, the primitive set and its typing rules,
 the Attention form, the one rule-table registrar, printing."""
 
-from . import prims
+from . import fused, prims
 from .attention_form import (
     AttentionForm,
     KeyLayout,
@@ -31,6 +31,6 @@ __all__ = [
     "AttentionForm", "LinearForm", "KeyLayout", "MaskKind", "attention_operands",
     "check_attention", "form_for",
     "Eqn", "Graph", "Literal", "Params", "Slot", "SlotKind", "UseInfo", "Var",
-    "PRIMS", "CompareOp", "Prim", "ReduceOp", "UnaryOp", "prims",
+    "PRIMS", "CompareOp", "Prim", "ReduceOp", "UnaryOp", "fused", "prims",
     "check_graph", "new_eqn", "shape_rules", "type_eqn", "RuleTable",
 ]

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import (
+    InvalidArgument,
     MissingMetadata,
     MissingTensor,
     ModelNotFound,
@@ -131,10 +132,13 @@ def llama_config(f: GGUFFile, capacity: int | None = None,
                  weight_dtype: str = "float16") -> LlamaConfig:
     """The file's architecture as a :class:`LlamaConfig` (the one place the mapping lives).
 
-    ``capacity`` (KV cache rows) defaults to the file's context length. Refused with
+    ``capacity`` (KV cache rows) defaults to the file's context length (a larger one is
+    taken: RoPE extends, the model was not trained there). Refused with
     :class:`UnsupportedModel`: RoPE scaling, rotary dims other than the head dim and value
     heads wider or narrower than key heads (pootvk's graph has none of these)."""
     path = str(f.path)
+    if capacity is not None and (not isinstance(capacity, int) or capacity < 1):
+        raise InvalidArgument("capacity", "a positive int (KV cache rows)", capacity)
     hidden = int(f.arch_field("embedding_length"))
     q_heads = int(f.arch_field("attention.head_count"))
     kv_heads = int(f.arch_field("attention.head_count_kv", q_heads))
@@ -183,8 +187,12 @@ def permute_qk(w: np.ndarray, heads: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(w.shape))
 
 
+#: A progress callback: (layers done, layers in all, a one-line status).
+Progress = Callable[[int, int, str], None]
+
+
 def load_weights(f: GGUFFile, cfg: LlamaConfig,
-                 progress: Callable[[str], None] | None = None) -> dict[str, np.ndarray]:
+                 progress: Progress | None = None) -> dict[str, np.ndarray]:
     """Every weight of :meth:`LlamaConfig.weight_shapes`'s names, dequantized to
     ``cfg.weight_dtype``, matrices (out, in) (:data:`ORIENTATION`), Q/K rows in HF order.
 
@@ -213,8 +221,8 @@ def load_weights(f: GGUFFile, cfg: LlamaConfig,
                 a = unpermute_qk(a, cfg.kv_heads)
             out[f"l{i}.{ours}"] = a.astype(dtype)
         if progress is not None:
-            progress(f"loading {f.path.name}: layer {i + 1}/{cfg.layers} "
-                     f"({time.perf_counter() - t0:.1f} s)")
+            progress(i + 1, cfg.layers, f"loading {f.path.name}: layer {i + 1}/{cfg.layers} "
+                     f"dequantized to {cfg.weight_dtype} ({time.perf_counter() - t0:.1f} s)")
     out["norm"] = get("output_norm.weight", (h,)).astype(dtype)
     if "output.weight" in f.tensors:
         out["lm_head"] = get("output.weight", (cfg.vocab, h)).astype(dtype)
@@ -239,16 +247,18 @@ class GGUFModel:
         return self.file.path
 
 
-def stderr_progress(line: str) -> None:
-    """A progress line rewritten in place on stderr."""
-    print(f"\r{line}", end="", file=sys.stderr, flush=True)
+def stderr_progress(done: int, total: int, line: str) -> None:
+    """A :data:`Progress` that rewrites one line in place on stderr, ended when done."""
+    print(f"\r{line}", end="\n" if done >= total else "", file=sys.stderr, flush=True)
 
 
-def load_gguf(model: str | os.PathLike[str], *, weight_dtype: str = "float16",
+def load_gguf(model: str | os.PathLike[str] | GGUFFile, *, weight_dtype: str = "float16",
               capacity: int | None = None,
-              progress: Callable[[str], None] | None = None) -> GGUFModel:
-    """Open, check and dequantize a llama-architecture GGUF (a path or a packaged name)."""
-    f = GGUFFile(model)
+              progress: Progress | None = None) -> GGUFModel:
+    """Open, check and dequantize a llama-architecture GGUF (a path, a packaged name or an
+    already open :class:`GGUFFile`: opening parses all metadata, seconds for a 49k-token
+    vocabulary)."""
+    f = model if isinstance(model, GGUFFile) else GGUFFile(model)
     cfg = llama_config(f, capacity, weight_dtype)
     weights = load_weights(f, cfg, progress)
     return GGUFModel(cfg, weights, "output.weight" not in f.tensors, f)

@@ -1,13 +1,22 @@
 """Planning for one device: rules, requests, schedules, buffer locations; no GLSL, no
 handles."""
 
+from . import fused  # noqa: F401  (registers the fused primitives' rules)
 from .bindings import Access, Binding, BufferRole, Scratch
 from .decode_schedule import DecodeCombineRequest, DecodeProblem, DecodeRequest
-from .matmul_schedule import MatMulKind, MatMulRequest, choose_matmul, forced_matmul
+from .matmul_schedule import (
+    MatMulCombineRequest,
+    MatMulKind,
+    MatMulRequest,
+    choose_matmul,
+    forced_matmul,
+)
 from .planner import BoundOperand, BufferSpec, Kernel, Location, Plan, plan_graph
 from .profile import DeviceProfile, recorded_profile, recorded_profiles
 from .requests import (
     AttentionRequest,
+    FusedReduceRequest,
+    FusedRequest,
     LiteralOperand,
     PrimRequest,
     ReduceRequest,
@@ -20,9 +29,10 @@ from .schedule import ForcedSchedule, choose_lanes, current_forced, forced_sched
 __all__ = [
     "DecodeCombineRequest", "DecodeProblem", "DecodeRequest", "ForcedSchedule",
     "current_forced", "forced_schedule",
-    "MatMulKind", "MatMulRequest", "choose_matmul", "forced_matmul",
+    "MatMulCombineRequest", "MatMulKind", "MatMulRequest", "choose_matmul", "forced_matmul",
     "Access", "AttentionRequest", "Binding", "BoundOperand", "BufferRole", "BufferSpec",
-    "DeviceProfile", "Kernel", "KernelCall", "KernelRequest", "LiteralOperand", "Location",
+    "DeviceProfile", "FusedReduceRequest", "FusedRequest", "Kernel", "KernelCall",
+    "KernelRequest", "LiteralOperand", "Location",
     "Plan", "PlanContext", "PrimRequest", "ReduceRequest", "RuleResult", "ScatterRequest",
     "Scratch", "choose_lanes",
     "fold_grid", "plan_graph", "plan_rules", "recorded_profile", "recorded_profiles",

@@ -7,7 +7,9 @@ Three kernels (``pootvk.shaders.matmul`` generates them):
   K (group ``g`` takes rows ``g, g + groups, ...``). Lane ``i`` is ``(word i % lanes, group
   i / lanes)``, so a warp reads whole row segments; each lane issues ``unroll`` row loads per
   step (all in flight). The groups' partial sums fold with subgroup shuffles, then through
-  workgroup memory.
+  workgroup memory. With ``splits > 1`` the workgroups also split K into contiguous slices
+  (one per (tile, slice)) and write F32 partials to declared scratch; a second launch
+  (``MatMulCombineRequest``) sums them: wide row segments (long DRAM runs) with a full grid.
 - ``GEMV_T`` (few rows, ``B`` stored ``[N, K]``, K contiguous per output: the Linear layout):
   ``lanes`` adjacent lanes split one output's K row with 16-byte loads, ``groups`` groups per
   workgroup, each owning ``outs`` outputs; ``unroll`` words per output per step in flight;
@@ -52,17 +54,32 @@ GEMV_MAX_ROWS = 8
 TILE_K = 16
 #: Floats of workgroup memory one reduction round may use (16 KiB fits every profile).
 RED_FLOATS = 4096
-#: Seed GEMV launch shape (not yet measured on a GPU: ``bench/gemv.py --tune`` times the
-#: alternatives on one run, and the measured best replaces these, with its numbers in
-#: BENCHMARKS.md). Workgroups per compute unit aimed for; invocations per workgroup (GPU, and
-#: when even the narrowest N tile leaves units idle: more k groups keep more loads in flight
-#: on the units that have work); loads per lane per loop step; lanes per output (GEMV_T).
+#: GEMV launch shapes. The CPU (lavapipe) keeps the seed shapes: a small workgroup, 2 loads
+#: in flight. The GPU rule (``_gemv_n_gpu``, ``_gemv_t_gpu``) is fitted to one H200 run of
+#: ``bench/gemv.py --tune`` (gemv_h200.json, 2026-11-29: 16 cases, (K, N) in (576, 1536),
+#: (4096, 4096), (4096, 14336), (8192, 28672), F16 and F32, both layouts, 16-24 variants
+#: each, read ceiling 4514 GB/s); the comments there cite the timings that decide each field.
 GEMV_WAVES = 2
 GEMV_LOCAL = 256
 GEMV_LOCAL_FEW = 1024
 GEMV_LOCAL_CPU = 64
-GEMV_UNROLL = 4
 GEMV_T_LANES = 32
+#: GEMV_N on a GPU: outputs per workgroup before widening (32 elements: 128 B of F32 or 64 B
+#: of F16 per row segment), the widest row segment (one 128-byte cache line), the workgroups
+#: per unit that widening must leave, rows each lane at least sums, loads in flight per lane.
+GEMV_N_OUTPUTS = 32
+GEMV_N_SEGMENT_BYTES = 128
+GEMV_N_WIDE_WAVES = 3
+GEMV_N_MIN_ROWS = 4
+GEMV_N_UNROLL = 8
+#: 16-bit GEMV_N whose 128-byte-line tiles give 1 to GEMV_N_WIDE_WAVES workgroups per unit
+#: split K until about this many workgroups per unit (see _gemv_n_gpu)
+GEMV_N_SPLIT_WAVES = 4
+#: GEMV_T on a GPU: output groups (of ``lanes``) per workgroup; loads in flight per lane
+#: for 16-bit and for F32 words.
+GEMV_T_GROUPS = 4
+GEMV_T_UNROLL_16 = 4
+GEMV_T_UNROLL_32 = 2
 
 
 @dataclass(frozen=True)
@@ -92,13 +109,29 @@ class MatMulRequest:
     #: the output rounded at its store); a Linear's are F32
     a_dtype: DType = F32
     out_dtype: DType = F32
+    #: GEMV_N split-K: the K rows cut into ``splits`` contiguous slices, one workgroup per
+    #: (tile, slice); > 1 writes F32 partials ``part[batch, split, m, n]`` (declared scratch)
+    #: that a ``MatMulCombineRequest`` sums, so wide row segments still fill the device
+    splits: int = 1
 
     def push_constants(self) -> tuple[int, ...]:
         return ()
 
     def bindings(self) -> tuple[Binding, ...]:
+        out = (Binding("part", Access.WRITE, F32) if self.splits > 1
+               else Binding("y", Access.WRITE, self.out_dtype))
         return (Binding("a", Access.READ, self.a_dtype), Binding("b", Access.READ, self.b_dtype),
-                Binding("y", Access.WRITE, self.out_dtype))
+                out)
+
+    @property
+    def k_chunk(self) -> int:
+        """Rows of K one split sums (the last split may sum fewer)."""
+        return -(-self.k // self.splits)
+
+    @property
+    def partial_floats(self) -> int:
+        """F32 partials a split launch writes (0 without splits)."""
+        return 0 if self.splits == 1 else self.batch_size * self.splits * self.m * self.n
 
     @property
     def batch_size(self) -> int:
@@ -124,7 +157,7 @@ class MatMulRequest:
 
     @property
     def workgroups(self) -> int:
-        return max(1, self.batch_size * self.tiles)
+        return max(1, self.batch_size * self.tiles * self.splits)
 
     @property
     def b_bytes(self) -> int:
@@ -147,7 +180,49 @@ class MatMulRequest:
         else:
             tune = (f"vec={self.vec} lanes={self.lanes} groups={self.groups} outs={self.outs} "
                     f"unroll={self.unroll} reduce={'subgroup' if self.subgroup else 'shared'}")
+            if self.splits > 1:
+                tune += f" splits={self.splits}"
         return f"{head} {tune} wg={self.local_size} grid={self.grid[0]}x{self.grid[1]}"
+
+
+#: Invocations per workgroup of the split-K combine.
+COMBINE_LOCAL = 64
+
+
+@dataclass(frozen=True)
+class MatMulCombineRequest:
+    """The second launch of a split-K GEMV_N: one invocation per output element sums the
+    ``splits`` F32 partials in split order and stores ``out_dtype``."""
+
+    partial: MatMulRequest
+    grid: tuple[int, int] = (1, 1)
+
+    @property
+    def outputs(self) -> int:
+        p = self.partial
+        return p.batch_size * p.m * p.n
+
+    @property
+    def workgroups(self) -> int:
+        return -(-self.outputs // COMBINE_LOCAL)
+
+    def push_constants(self) -> tuple[int, ...]:
+        return ()
+
+    def bindings(self) -> tuple[Binding, ...]:
+        return (Binding("part", Access.READ, F32),
+                Binding("y", Access.WRITE, self.partial.out_dtype))
+
+    def describe(self) -> str:
+        p = self.partial
+        return (f"matmul_combine outputs={self.outputs} splits={p.splits} "
+                f"y:{p.out_dtype.value} grid={self.grid[0]}x{self.grid[1]}")
+
+
+def combine_request(r: MatMulRequest, profile: DeviceProfile) -> MatMulCombineRequest:
+    """The combine launch of split request ``r``."""
+    c = MatMulCombineRequest(r)
+    return replace(c, grid=fold_grid(c.workgroups, profile.max_grid))
 
 
 # --- the forcing hook ------------------------------------------------------------------------
@@ -220,6 +295,103 @@ def _batch_layout(
     return batch, strides(a_shape), strides(b_shape), m
 
 
+def _pow2_ceil(x: int) -> int:
+    return 1 << max(0, (max(1, x) - 1).bit_length())
+
+
+def _gemv_n_gpu(base: MatMulRequest, nb: int, units: int,
+                profile: DeviceProfile) -> MatMulRequest:
+    """GEMV_N launch shape on a GPU, fitted to the H200 tune run (module constants).
+
+    Times are the H200's, relative to the best variant of the case (lanes/groups/unroll):
+
+    - *lanes*: 32 outputs per workgroup (F32: 8 words = a 128-byte line per row; F16: 4
+      words = 64 B); F16 widens to the 128-byte line when that still leaves >= 3 workgroups
+      per unit: 8192x28672 F16 (448 tiles) 8/128 = 1.00 against 4/x >= 1.20, while at
+      4096x14336 F16 (224 tiles) 8/128 is 1.06 and 4/256 the best. Past one line nothing
+      measured faster (the old default 16 lanes: 8192x28672 F32 at 83% against 98%). Halved
+      while fewer than half the units get a tile (576x1536 F32: 48 tiles at 8 lanes 1.07, 96
+      at 4 lanes 1.00).
+    - *workgroup size*: 1024 invocations (k groups keep loads in flight when tiles are few,
+      and hide the F16 unpacking: 8192x28672 F16 wg 256 is 1.09), except F32 words with >= 3
+      tiles per unit: 256 (4096x14336 and 8192x28672 F32: 8/32 = 1.00, 8/128 = 1.04, 1.07).
+    - *groups* <= K / 4: a lane sums at least 4 rows, else the fold outweighs the loads
+      (576x1536: groups 256 at 1.07-1.18, 128 the best).
+    - *unroll* 8: the best or within 3.4% everywhere (4 is 1.05-1.07 on the large F32).
+
+    Against the run, the rule's pick is within 1.01 of the best at the six large cases and
+    1.034 / 1.039 at 576x1536 F32 / F16 (where the F16 variants ran at a throttled 540 MHz).
+
+    - *split-K* for 16-bit weights whose 128-byte-line tiles give between one and
+      GEMV_N_WIDE_WAVES workgroups per unit: keep the wide line and cut K into slices until
+      about GEMV_N_SPLIT_WAVES workgroups per unit (F32 partials, a combine launch). H200,
+      one run (bench/gemv.py --tune): 4096x14336 F16, 224 tiles: 8 lanes, 32 groups, 4 splits
+      34.6 us (75% of the read ceiling) against 41.1 us (63%) for the best unsplit launch
+      (4 lanes, 256 groups) and 36.5 us at 8 splits. Fewer tiles than units (4096x4096 F16:
+      64) keep the narrow unsplit launch (71%), more than GEMV_N_WIDE_WAVES per unit
+      (8192x28672 F16: 448) the wide unsplit one (79%): neither has a measured split yet.
+    """
+    b_dtype = base.b_dtype
+    vec = _vec(base.n, b_dtype)
+    words = base.n // vec
+    wbytes = vec * b_dtype.device_itemsize
+
+    def tiles(lanes: int) -> int:
+        return nb * -(-words // lanes)
+
+    lanes = max(1, GEMV_N_OUTPUTS // vec)
+    wide = max(lanes, GEMV_N_SEGMENT_BYTES // wbytes)
+    if tiles(wide) >= GEMV_N_WIDE_WAVES * units:
+        lanes = wide
+    while lanes > 1 and 2 * tiles(lanes) < units:
+        lanes //= 2
+    lanes = min(lanes, _pow2_floor(words))
+    wg = GEMV_LOCAL_FEW
+    if b_dtype is F32 and tiles(lanes) >= GEMV_N_WIDE_WAVES * units:
+        wg = GEMV_LOCAL
+    wg = min(wg, profile.max_invocations)
+    groups = max(1, min(wg // lanes, _pow2_floor(base.k // GEMV_N_MIN_ROWS)))
+    splits = 1
+    if b_dtype is not F32 and units <= tiles(wide) < GEMV_N_WIDE_WAVES * units:
+        lanes, wg = wide, min(GEMV_LOCAL, profile.max_invocations)
+        splits = _pow2_ceil(-(-GEMV_N_SPLIT_WAVES * units // tiles(wide)))
+        groups = max(1, min(wg // lanes, _pow2_floor(base.k // (splits * GEMV_N_MIN_ROWS))))
+        splits = max(1, min(splits, base.k // (groups * GEMV_N_MIN_ROWS)))
+    return replace(base, vec=vec, lanes=lanes, groups=groups, unroll=GEMV_N_UNROLL,
+                   splits=splits)
+
+
+def _gemv_t_gpu(base: MatMulRequest, nb: int, units: int,
+                profile: DeviceProfile) -> MatMulRequest:
+    """GEMV_T launch shape on a GPU, fitted to the H200 tune run (module constants).
+
+    Times relative to each case's best (lanes/groups/outs/unroll):
+
+    - *outs* 1: two outputs per group were slower in every case (1.02-1.60; 4096x14336 F16
+      32/4/2/4 = 1.20 against 32/4/1/4 = 1.00): one output's row per lane group keeps its
+      loads contiguous and the grid twice as wide.
+    - *lanes* 32 (a subgroup per output row: 512 contiguous bytes per load round): 16 lanes
+      are within 1% only at the two largest F32 cases and lose 1.04-1.14 elsewhere, but
+      4096x4096 F16, whose 33.6 MB stay in the 60 MB L2
+      between the benchmark's back-to-back replays (16/8/1/4 = 1.00, 32/4/1/4 = 1.10). In a
+      decode step the other layers' weights evict it, so the rule keeps the DRAM choice.
+    - *groups* 4 (128 invocations): 8 groups are within 1.5% except 4096x4096 F32 (1.05).
+    - *unroll* 4 for 16-bit words (2 is 1.045 and 1.03 at 4096x14336 and 8192x28672 F16),
+      2 for F32 (4 is 1.03 at 4096x4096 F32), capped at the words one lane reads.
+    """
+    b_dtype = base.b_dtype
+    vec = _vec(base.k, b_dtype)
+    kw = base.k // vec
+    lanes = min(_pow2_floor(kw), GEMV_T_LANES)
+    groups = max(1, min(GEMV_T_GROUPS, profile.max_invocations // lanes))
+    # fewer outputs per workgroup until every unit has work
+    while groups > 1 and nb * -(-base.n // groups) < GEMV_WAVES * units:
+        groups //= 2
+    unroll = GEMV_T_UNROLL_32 if b_dtype is F32 else GEMV_T_UNROLL_16
+    unroll = max(1, min(unroll, _pow2_floor(max(1, kw // lanes))))
+    return replace(base, vec=vec, lanes=lanes, groups=groups, outs=1, unroll=unroll)
+
+
 def choose_matmul(
     a_shape: tuple[int, ...], b_shape: tuple[int, ...], out_shape: tuple[int, ...],
     *, transpose_b: bool, b_dtype: DType, profile: DeviceProfile,
@@ -252,7 +424,9 @@ def choose_matmul(
     units = profile.compute_units or 8
     cpu = profile.device_type == "cpu"
     wg = min(GEMV_LOCAL_CPU if cpu else GEMV_LOCAL, profile.max_invocations)
-    if kind is MatMulKind.GEMV_N:
+    if kind is MatMulKind.GEMV_N and not cpu:
+        req = _gemv_n_gpu(base, nb, units, profile)
+    elif kind is MatMulKind.GEMV_N:
         vec = _vec(n, b_dtype)
         words = n // vec
         # the widest row segment per workgroup that still gives every unit work
@@ -260,21 +434,20 @@ def choose_matmul(
         while lanes > 2 and nb * -(-words // lanes) < GEMV_WAVES * units:
             lanes //= 2
         lanes = min(lanes, _pow2_floor(words))
-        if not cpu and nb * -(-words // lanes) < units:
-            wg = min(GEMV_LOCAL_FEW, profile.max_invocations)
         groups_max = max(1, min(_pow2_floor(k), wg))
         req = replace(base, vec=vec, lanes=lanes, groups=max(1, min(groups_max, wg // lanes)),
-                      unroll=2 if cpu else GEMV_UNROLL)
+                      unroll=2)
+    elif kind is MatMulKind.GEMV_T and not cpu:
+        req = _gemv_t_gpu(base, nb, units, profile)
     elif kind is MatMulKind.GEMV_T:
         vec = _vec(k, b_dtype)
-        lanes = min(_pow2_floor(k // vec), 8 if cpu else GEMV_T_LANES)
+        lanes = min(_pow2_floor(k // vec), 8)
         groups = max(1, wg // lanes)
         # fewer outputs per workgroup until every unit has work (N = 576: 8 -> 2 groups)
         while groups > 1 and nb * -(-n // groups) < GEMV_WAVES * units:
             groups //= 2
         outs = 2 if nb * -(-n // (groups * 2)) >= GEMV_WAVES * units else 1
-        req = replace(base, vec=vec, lanes=lanes, groups=groups, outs=outs,
-                      unroll=2 if cpu or outs > 1 else GEMV_UNROLL)
+        req = replace(base, vec=vec, lanes=lanes, groups=groups, outs=outs, unroll=2)
     else:
         tm = 64 if m > 32 else 32
         req = replace(base, tile_m=tm, tile_n=64 if n > 32 else 32)
@@ -299,6 +472,9 @@ def check_matmul(r: MatMulRequest, profile: DeviceProfile) -> None:
     axis = r.n if r.kind is MatMulKind.GEMV_N else r.k
     if axis % r.vec or not p2(r.vec) or r.vec > (8 if r.b_dtype in (F16, BF16) else 4):
         raise ShapeError(f"{r.kind.value}: vec={r.vec} does not divide {axis}")
+    if r.splits < 1 or r.splits > r.k or (r.splits > 1 and r.kind is not MatMulKind.GEMV_N):
+        raise ShapeError(f"{r.kind.value}: splits={r.splits}: split-K is a GEMV_N schedule "
+                         f"of 1..K={r.k} slices")
     if not (p2(r.lanes) and p2(r.groups) and r.outs >= 1 and r.unroll >= 1):
         raise ShapeError(f"{r.kind.value}: lanes={r.lanes}, groups={r.groups} must be powers "
                          "of two; outs, unroll >= 1")

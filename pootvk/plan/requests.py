@@ -12,6 +12,7 @@ from enum import Enum
 
 from ..errors import GridLimit
 from ..ir import F32, I32, DType, Params, Prim, ReduceOp
+from ..ir.fused import FusedBody
 from ..ir.prims import IN_PLACE, INDEX_GUARD
 from .bindings import Access, Binding
 
@@ -229,6 +230,85 @@ class ScatterRequest:
         return (
             f"ScatterUpdate {self.n} row(s) of {self.dtype.value}[{self.row}] into "
             f"{self.rows} rows lanes={self.lanes} grid={self.grid[0]}x{self.grid[1]}"
+        )
+
+
+@dataclass(frozen=True)
+class FusedRequest:
+    """A fused elementwise kernel: one invocation per output element computes the whole
+    body in registers (named scalars) and stores only the result."""
+
+    body: FusedBody
+    inputs: tuple[Aval, ...]  # one bound buffer per operand leaf, in order
+    output: Aval
+    threads: int
+    local_size: int
+    grid: tuple[int, int]
+
+    def push_constants(self) -> tuple[int, ...]:
+        return ()
+
+    def bindings(self) -> tuple[Binding, ...]:
+        ins = tuple(Binding(f"x{j}", Access.READ, dt) for j, (_s, dt) in enumerate(self.inputs))
+        return (*ins, Binding("y", Access.WRITE, self.output[1]))
+
+    def describe(self) -> str:
+        shape = ",".join(map(str, self.output[0]))
+        return (
+            f"Fused[{self.body}] -> {self.output[1].value}[{shape}] threads={self.threads} "
+            f"wg={self.local_size} grid={self.grid[0]}x{self.grid[1]}"
+        )
+
+
+@dataclass(frozen=True)
+class FusedReduceRequest:
+    """A reduction whose input is a fused body computed on load: one workgroup of ``lanes``
+    per reduced row; lane ``l`` folds elements ``l, l + lanes, ...`` of the row into a
+    register, then the workgroup combines the lanes' partials: subgroup shuffles first where
+    ``subgroup``, then a tree in shared memory. The body's value is never stored.
+
+    With an ``epilogue`` (``FusedRow``) the workgroup then walks its row again, computing
+    the epilogue per element from the row's reduction (held in a register), and stores that
+    instead: the reduction is never stored either."""
+
+    body: FusedBody
+    op: ReduceOp
+    axis: int
+    keepdim: bool
+    inputs: tuple[Aval, ...]
+    output: Aval
+    lanes: int  # a power of two
+    grid: tuple[int, int]
+    epilogue: FusedBody | None = None
+    subgroup: bool = False  # combine through subgroup shuffles first (the device has them)
+
+    @property
+    def rows(self) -> int:
+        """Reduced rows: one workgroup each."""
+        shape = self.body.out.shape
+        n = 1
+        for d, size in enumerate(shape):
+            n *= 1 if d == self.axis else size
+        return n
+
+    @property
+    def local_size(self) -> int:
+        return self.lanes
+
+    def push_constants(self) -> tuple[int, ...]:
+        return ()
+
+    def bindings(self) -> tuple[Binding, ...]:
+        ins = tuple(Binding(f"x{j}", Access.READ, dt) for j, (_s, dt) in enumerate(self.inputs))
+        return (*ins, Binding("y", Access.WRITE, self.output[1]))
+
+    def describe(self) -> str:
+        shape = ",".join(map(str, self.output[0]))
+        epi = "" if self.epilogue is None else f" then {self.epilogue}"
+        return (
+            f"FusedReduce[{self.op.value} axis={self.axis} of {self.body}{epi}] -> "
+            f"{self.output[1].value}[{shape}] rows={self.rows} lanes={self.lanes} "
+            f"{'subgroup' if self.subgroup else 'shared'} grid={self.grid[0]}x{self.grid[1]}"
         )
 
 

@@ -29,10 +29,12 @@ from ..ir import (
 from ..ir import prims as P
 from .bindings import Scratch
 from .decode_schedule import DecodeCombineRequest, DecodeRequest
-from .matmul_schedule import MatMulRequest, choose_matmul
+from .matmul_schedule import MatMulCombineRequest, MatMulRequest, choose_matmul, combine_request
 from .profile import DeviceProfile
 from .requests import (
     AttentionRequest,
+    FusedReduceRequest,
+    FusedRequest,
     LiteralOperand,
     PrimRequest,
     ReduceRequest,
@@ -43,7 +45,8 @@ from .schedule import attention_schedule
 
 KernelRequest = (
     AttentionRequest | PrimRequest | ReduceRequest | ScatterRequest | DecodeRequest
-    | DecodeCombineRequest | MatMulRequest
+    | DecodeCombineRequest | MatMulRequest | MatMulCombineRequest | FusedRequest
+    | FusedReduceRequest
 )
 
 PRIM_WORKGROUP = 64
@@ -141,7 +144,12 @@ def _matmul_call(e: Eqn, ctx: PlanContext, transpose_b: bool) -> RuleResult:
     req = choose_matmul(a.shape, b.shape, e.out.shape, transpose_b=transpose_b,
                         b_dtype=b.dtype, a_dtype=a.dtype, out_dtype=e.out.dtype,
                         profile=ctx.profile)
-    return RuleResult([KernelCall(req, (a, b, e.out), str(e.prim))])
+    if req.splits == 1:
+        return RuleResult([KernelCall(req, (a, b, e.out), str(e.prim))])
+    part = Scratch(req.partial_floats, F32, "matmul_partials")
+    return RuleResult([KernelCall(req, (a, b, part), str(e.prim)),
+                       KernelCall(combine_request(req, ctx.profile), (part, e.out), "combine")],
+                      [part])
 
 
 @plan_rules.register(P.MATMUL)

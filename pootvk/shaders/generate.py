@@ -14,6 +14,7 @@ from ..plan import KernelRequest, Plan
 from . import (  # noqa: F401  (generators register)
     attention,
     attention_decode,
+    fused,
     matmul,
     prims,
     reduce,

@@ -20,10 +20,18 @@ remaining partials through workgroup memory in rounds of at most ``RED_FLOATS`` 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from ..ir import BF16, F16, F32, DType
 from ..ir import prims as P
-from ..plan.matmul_schedule import RED_FLOATS, TILE_K, MatMulKind, MatMulRequest
+from ..plan.matmul_schedule import (
+    COMBINE_LOCAL,
+    RED_FLOATS,
+    TILE_K,
+    MatMulCombineRequest,
+    MatMulKind,
+    MatMulRequest,
+)
 from .common import group_id
 from .table import generators
 
@@ -60,8 +68,9 @@ def _to_f32(x: str, dt: DType) -> str:
 
 
 def _store(r: MatMulRequest, s: str) -> str:
-    """An F32 result as ``out_dtype`` stores it (round to nearest even; NaN stays NaN)."""
-    if r.out_dtype is F32:
+    """An F32 result as ``out_dtype`` stores it (round to nearest even; NaN stays NaN); a
+    split launch stores its F32 partial as is."""
+    if r.out_dtype is F32 or r.splits > 1:
         return s
     if r.out_dtype is F16:
         return f"uint16_t(packHalf2x16(vec2({s}, 0.0)) & 0xffffu)"
@@ -124,7 +133,7 @@ def _head(r: MatMulRequest) -> str:
         a_elem = _ftype(_a_width(r)) if r.kind is MatMulKind.GEMV_T else "float"
     b_elem = _b_type(r) if r.kind is not MatMulKind.GEMM else (
         "float" if r.b_dtype is F32 else "uint16_t")
-    y_elem = "float" if r.out_dtype is F32 else "uint16_t"
+    y_elem = "float" if r.out_dtype is F32 or r.splits > 1 else "uint16_t"
     if "uint16_t" in (a_elem, b_elem, y_elem):
         ext.insert(0, "#extension GL_EXT_shader_16bit_storage : require")
     blocks = [("a", a_elem, "readonly"), ("b", b_elem, "readonly"), ("y", y_elem, "writeonly")]
@@ -137,7 +146,7 @@ def _head(r: MatMulRequest) -> str:
         src += ("vec2 bf2(uint w) {\n"
                 "    return vec2(uintBitsToFloat(w << 16), uintBitsToFloat(w & 0xffff0000u));\n"
                 "}\n")
-    if r.out_dtype is BF16:
+    if r.out_dtype is BF16 and r.splits == 1:
         src += BF16_ROUND
     return src
 
@@ -148,6 +157,9 @@ def _batch_offsets(r: MatMulRequest, emit: Emit) -> None:
     emit(f"if (wg >= {r.workgroups}u) return;  // uniform over the workgroup")
     emit(f"uint tile = wg % {r.tiles}u;")
     emit(f"uint bi = wg / {r.tiles}u;")
+    if r.splits > 1:
+        emit(f"uint split = bi % {r.splits}u;  // slice of K")
+        emit(f"bi /= {r.splits}u;")
     emit("uint aoff = 0u;")
     emit("uint boff = 0u;")
     if r.batch:
@@ -159,7 +171,10 @@ def _batch_offsets(r: MatMulRequest, emit: Emit) -> None:
                 emit(f"aoff += i{d} * {r.a_strides[d]}u;")
             if r.b_strides[d]:
                 emit(f"boff += i{d} * {r.b_strides[d]}u;")
-    emit(f"uint yoff = bi * {r.m * r.n}u;")
+    if r.splits > 1:  # this split's partials: part[bi, split, m, n]
+        emit(f"uint yoff = (bi * {r.splits}u + split) * {r.m * r.n}u;")
+    else:
+        emit(f"uint yoff = bi * {r.m * r.n}u;")
 
 
 def _lane(r: MatMulRequest, emit: Emit) -> None:
@@ -283,11 +298,17 @@ def _gemv_n(r: MatMulRequest) -> str:
                 for e in range(E):
                     emit(f"    acc{i}_{e} += x{i}_{u} * {scal[e]};")
 
-    emit("uint kk = ks;")
-    emit(f"for (; kk + {(U - 1) * KS}u < {K}u; kk += {U * KS}u) {{")
+    if r.splits > 1:  # rows [k0, k1) of K: this split's contiguous slice
+        emit(f"uint k0 = split * {r.k_chunk}u;")
+        emit(f"uint k1 = min(k0 + {r.k_chunk}u, {K}u);")
+        k0, k1 = "k0 + ", "k1"
+    else:
+        k0, k1 = "", f"{K}u"
+    emit(f"uint kk = {k0}ks;")
+    emit(f"for (; kk + {(U - 1) * KS}u < {k1}; kk += {U * KS}u) {{")
     step(range(U))
     emit("}")
-    emit(f"for (; kk < {K}u; kk += {KS}u) {{")
+    emit(f"for (; kk < {k1}; kk += {KS}u) {{")
     step(range(1))
     emit("}")
     values = [f"acc{i}_{e}" for i in range(R) for e in range(E)]
@@ -428,6 +449,32 @@ def _gemm(r: MatMulRequest) -> str:
         emit("}")
     return (_head(r) + f"shared float As[{BK * BM}];\nshared float Bs[{BK * BN}];\n"
             + "void main() {\n" + "\n".join(L) + "\n}\n")
+
+
+@generators.register(MatMulCombineRequest)
+def generate_matmul_combine(c: MatMulCombineRequest) -> str:
+    """One invocation per output: the splits' F32 partials summed in split order."""
+    r = c.partial
+    mn, S = r.m * r.n, r.splits
+    y_elem = "float" if r.out_dtype is F32 else "uint16_t"
+    src = "#version 450\n"
+    if y_elem == "uint16_t":
+        src += "#extension GL_EXT_shader_16bit_storage : require\n"
+    src += (f"layout(local_size_x = {COMBINE_LOCAL}) in;\n// {c.describe()}\n"
+            "layout(std430, set = 0, binding = 0) readonly buffer B0 { float part[]; };\n"
+            f"layout(std430, set = 0, binding = 1) writeonly buffer B1 {{ {y_elem} y[]; }};\n")
+    if r.out_dtype is BF16:
+        src += BF16_ROUND
+    return src + f"""void main() {{
+    uint o = {group_id(c.grid[0])} * {COMBINE_LOCAL}u + gl_LocalInvocationID.x;
+    if (o >= {c.outputs}u) return;
+    uint bi = o / {mn}u;
+    uint base = bi * {S * mn}u + o % {mn}u;
+    float s = 0.0;
+    for (uint sp = 0u; sp < {S}u; ++sp) s += part[base + sp * {mn}u];
+    y[o] = {_store(replace(r, splits=1), "s")};
+}}
+"""
 
 
 @generators.register(MatMulRequest)

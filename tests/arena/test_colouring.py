@@ -4,6 +4,8 @@ from hypothesis import strategies as st
 
 from pootvk.arena import Item, colour
 from pootvk.errors import BindingRange
+from pootvk.ir import Prim
+from pootvk.ir.prims import COMPARE, SELECT
 from pootvk.ops import Builder, attention_masked
 from pootvk.passes import compile_graph
 from pootvk.plan import plan_graph, recorded_profile
@@ -75,6 +77,8 @@ def test_arena_does_not_grow_with_layer_count():
     assert sizes[3] == sizes[8] == sizes[20] == 2 * 2048 + 512
     assert sizes[2] == 2048 + 512  # one layer output + the shared mask
     for n, p in plans.items():  # one mask chain, not n: no Iota kernel, one Compare/Select
-        labels = [k.label for k in p.kernels]
-        assert labels.count("Compare") == labels.count("Select") == 1, labels
-        assert "Iota" not in labels and len(p.kernels) == 3 * n + 2
+        labels = [k.label for k in p.kernels]  # (fused into one kernel)
+        assert labels.count("fused") == 1, labels
+        fused = next(k.request for k in p.kernels if k.label == "fused")
+        assert [n.op for n in fused.body.nodes if isinstance(n.op, Prim)] == [COMPARE, SELECT]
+        assert "Iota" not in labels and len(p.kernels) == 3 * n + 1

@@ -26,17 +26,24 @@ def smollm2_reference(smollm2_path):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="session")
-def smollm2_f32(smollm2_path):  # type: ignore[no-untyped-def]
-    """pootvk's loader on the real file, F32 weights."""
-    from pootvk.llm.gguf import load_gguf
+def smollm2_file(smollm2_path):  # type: ignore[no-untyped-def]
+    """The file opened by pootvk (metadata parsed once: ~3 s)."""
+    from pootvk.llm.gguf import GGUFFile
 
-    return load_gguf(smollm2_path, weight_dtype="float32", capacity=256)
+    return GGUFFile(smollm2_path)
 
 
 @pytest.fixture(scope="session")
-def smollm2_tokenizer(smollm2_path):  # type: ignore[no-untyped-def]
+def smollm2_f32(smollm2_file):  # type: ignore[no-untyped-def]
+    """pootvk's loader on the real file, F32 weights."""
+    from pootvk.llm.gguf import load_gguf
+
+    return load_gguf(smollm2_file, weight_dtype="float32", capacity=256)
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2_file):  # type: ignore[no-untyped-def]
     """pootvk's tokenizer built from the real file's metadata."""
-    from pootvk.llm.gguf import GGUFFile
     from pootvk.llm.tokenizer import Tokenizer
 
-    return Tokenizer.from_gguf(GGUFFile(smollm2_path))
+    return Tokenizer.from_gguf(smollm2_file)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from pootvk.errors import (
+    InvalidArgument,
     MissingMetadata,
     MissingTensor,
     ModelNotFound,
@@ -148,7 +149,10 @@ def test_unpermuted_rows_with_half_rope_equal_stored_rows_with_adjacent_rope():
 @pytest.mark.parametrize("tied", [True, False])
 def test_written_file_loads_back_to_hf_layout(tmp_path, tied):
     w = hf_weights(1, tied)
-    m = load_gguf(write_tiny(tmp_path / "t.gguf", w), weight_dtype="float32")
+    seen: list[tuple[int, int]] = []
+    m = load_gguf(write_tiny(tmp_path / "t.gguf", w), weight_dtype="float32",
+                  progress=lambda done, total, line: seen.append((done, total)))
+    assert seen == [(1, 2), (2, 2)]
     c = m.config
     assert (c.layers, c.hidden, c.q_heads, c.kv_heads, c.head_dim, c.intermediate, c.vocab,
             c.capacity, c.rope_theta) == (2, 32, 4, 2, 8, 48, 40, 64, 5000.0)
@@ -159,6 +163,8 @@ def test_written_file_loads_back_to_hf_layout(tmp_path, tied):
         np.testing.assert_array_equal(back[name], ref, err_msg=name)
     if tied:
         assert back["output.weight"] is back["token_embd.weight"]
+    with pytest.raises(InvalidArgument, match="capacity"):
+        load_gguf(tmp_path / "t.gguf", capacity=0)
     f16 = load_gguf(tmp_path / "t.gguf", capacity=16)
     assert f16.config.capacity == 16 and f16.config.weight_dtype == "float16"
     assert all(a.dtype == np.float16 for a in f16.weights.values())

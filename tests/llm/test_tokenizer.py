@@ -62,10 +62,10 @@ def test_known_ids_from_the_vocabulary(smollm2_tokenizer):
     assert [tok.token_text(i) for i in tok.encode("Once upon")] == ["Once", "Ġupon"]
 
 
-def test_multibyte_words_match_a_by_hand_bpe(smollm2_tokenizer, smollm2_path):
+def test_multibyte_words_match_a_by_hand_bpe(smollm2_tokenizer, smollm2_file):
     """Words the vocabulary does not hold whole: the library's BPE gives the by-hand BPE
     over the file's ranked merges."""
-    f = GGUFFile(smollm2_path)
+    f = smollm2_file
     ranks = {tuple(m.split(" ", 1)): r
              for r, m in enumerate(f.field("tokenizer.ggml.merges"))}
     v = {t: i for i, t in enumerate(smollm2_tokenizer.tokens)}
@@ -122,3 +122,17 @@ def test_add_bos_and_refusals(tmp_path):
     with pytest.raises(UnsupportedModel, match="chat_template"):
         tok.render_chat([{"role": "user", "content": "x"}])
     assert np.array_equal(tok.encode("ba"), [0, 2, 1])
+
+
+def test_chat_template_tokenizer_and_reference_answer_a_question(smollm2_tokenizer,
+                                                                  smollm2_reference):
+    """End to end through the independent forward: the rendered chat prompt, encoded, gets
+    the model's (greedy) answer, and it ends at <|im_end|>. A broken template, special-token
+    handling or BPE gives the model text it was not trained on, and this answer goes."""
+    tok = smollm2_tokenizer
+    ids = tok.encode(tok.render_chat([{"role": "user",
+                                       "content": "What is the capital of France?"}]))
+    out, _ = smollm2_reference.greedy(ids, 10)
+    assert tok.eos_id in out
+    answer = tok.decode(out[:out.index(tok.eos_id)])
+    assert "Paris" in answer, answer

@@ -29,10 +29,9 @@ GOLDEN = """\
   let
     h:f32[1,2,32,16] = DynamicUpdateSlice d b 0:i32 0:i32 f 0:i32
     i:f32[1,2,32,16] = DynamicUpdateSlice e c 0:i32 0:i32 f 0:i32
-    j:bool[1,1,1,32] = Compare[op=Le] g f
-    k:f32[1,1,1,32] = Select j 0.0:f32 -inf:f32
-    l:f32[1,8,1,16] = Attention[scale=0.25 n_rep=4 mask=additive[1,1,1]] a h i k
-  in ( out=l, state k_cache=h, state v_cache=i ) }"""
+    j:f32[1,1,1,32] = Fused[body=Select(Compare[Le](x0, x1), 0.0, -inf)] g f
+    k:f32[1,8,1,16] = Attention[scale=0.25 n_rep=4 mask=additive[1,1,1]] a h i j
+  in ( out=k, state k_cache=h, state v_cache=i ) }"""
 
 
 def same(a: dict, b: dict) -> bool:

@@ -84,9 +84,9 @@ def test_request_is_the_plan_key():
 def test_decode_plan_binds_state_in_place_and_prints():
     p = plan_graph(compile_graph(trace_decode_step(2, 8, 2, 64, 16)), LAVAPIPE)
     labels = [k.label for k in p.kernels]
-    # the mask's Iota is a folded constant, written once: not a per-step kernel
-    assert labels == ["DynamicUpdateSlice", "DynamicUpdateSlice", "Compare", "Select",
-                      "attention"]
+    # the mask's Iota is a folded constant, written once: not a per-step kernel; its
+    # Compare and Select are one fused kernel
+    assert labels == ["DynamicUpdateSlice", "DynamicUpdateSlice", "fused", "attention"]
     assert p.kernels[0].operands[-1].buffer == "state:k_cache"
     attn = p.kernels[-1]
     assert [o.buffer for o in attn.operands[1:3]] == ["state:k_cache", "state:v_cache"]
@@ -125,17 +125,15 @@ def test_typed_refusals():
 # POOTVK_DEBUG=1 logs. Any change to planning (kernels, bindings, buffers, arena layout) or
 # to the printing shows up here as a diff to review.
 GOLDEN_PLAN = """\
-plan for llvmpipe (LLVM 15.0.6, 256 bits): 5 kernel(s), arena peak 256 bytes for 256 bytes of intermediates (colouring saves 0 bytes, 0%)
+plan for llvmpipe (LLVM 15.0.6, 256 bits): 4 kernel(s), arena peak 128 bytes for 128 bytes of intermediates (colouring saves 0 bytes, 0%)
   k0 [eqn 0] DynamicUpdateSlice -> f32[1,2,32,16] threads=32 wg=64 grid=1x1
        binds x1=in:k_new x4=in:pos y->state:k_cache
   k1 [eqn 1] DynamicUpdateSlice -> f32[1,2,32,16] threads=32 wg=64 grid=1x1
        binds x1=in:v_new x4=in:pos y->state:v_cache
-  k2 [eqn 2] Compare[op=Le] -> bool[1,1,1,32] threads=32 wg=64 grid=1x1
+  k2 [eqn 2] Fused[Select(Compare[Le](x0, x1), 0.0, -inf)] -> f32[1,1,1,32] threads=32 wg=64 grid=1x1
        binds x0=const:const0 x1=in:pos y->arena0
-  k3 [eqn 3] Select -> f32[1,1,1,32] threads=32 wg=64 grid=1x1
-       binds x0=arena0 y->arena0+128
-  k4 [eqn 4] attention_decode B=1 Hq=8 Hkv=2 Lq=1 Lk=32 Dk=16 Dv=16 kv=f32 scale=0.25 mask=additive[1,1,1] splits=1 rows/wg=4 lanes/key=2 wg=64 keys/iter=2 load=4 subgroup prefetch grid=2x1
-       binds q=in:q k=state:k_cache v=state:v_cache mask=arena0+128 out->out:out
+  k3 [eqn 3] attention_decode B=1 Hq=8 Hkv=2 Lq=1 Lk=32 Dk=16 Dv=16 kv=f32 scale=0.25 mask=additive[1,1,1] splits=1 rows/wg=4 lanes/key=2 wg=64 keys/iter=2 load=4 subgroup prefetch grid=2x1
+       binds q=in:q k=state:k_cache v=state:v_cache mask=arena0 out->out:out
 buffers:
   in:q                 input            512 B
   in:k_new             input            128 B
@@ -145,10 +143,9 @@ buffers:
   in:pos               input              4 B
   const:const0         const            128 B
   out:out              export           512 B
-  arena0               arena            256 B
-arena: 1 buffer(s), peak 256 bytes (unshared 256)
-  v0     arena0+0                 128 B  live [2, 3]
-  v1     arena0+128               128 B  live [3, 4]"""  # noqa: E501 (the attention kernel's line is 118 wide)
+  arena0               arena            128 B
+arena: 1 buffer(s), peak 128 bytes (unshared 128)
+  v0     arena0+0                 128 B  live [2, 3]"""  # noqa: E501 (the attention kernel's line is 118 wide)
 
 
 def test_print_plan_golden():

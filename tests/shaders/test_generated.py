@@ -16,6 +16,7 @@ from pootvk.shaders.matmul import KERNEL_PRIMS
 from pootvk.shaders.prims import ROW_KERNELS, glsl_rules
 from pootvk.shaders.readbw import generate_read
 from pootvk.shaders.table import generators
+from tests.random_graphs import rms_norm, swiglu
 
 # A declaration of a non-shared array: `float acc[4];`, `const vec4 t[2] = ...`
 PRIVATE_ARRAY = re.compile(
@@ -54,6 +55,18 @@ def graphs():
     yield trace_attention((2, 8, 1, 96), (2, 2, 300, 64), (2, 2, 300, 64),
                           k_shared_shape=(2, 1, 300, 32), lengths=True)  # split + live
     yield matmul_graph()
+    yield fused_chains()
+
+
+def fused_chains():
+    """RMSNorm over 16-bit storage, SwiGLU and a Max reduce: the fused kernel families."""
+    b = Builder()
+    x = b.convert(b.input("x", (2, 96), BF16), F32)
+    y = rms_norm(b, x, b.convert(b.param("w", (96,), F16), F32))
+    y = swiglu(b, y, b.param("wg", (96, 64)), b.param("wu", (96, 64)))
+    b.export("y", b.convert(y, F16))
+    b.export("m", b.reduce("Max", b.unary("Exp", b.sub(y, 1.0)), 0, keepdim=False))
+    return b.build()
 
 
 def matmul_graph():

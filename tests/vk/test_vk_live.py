@@ -16,7 +16,7 @@ from pootvk.llm import DecodeLoop
 from pootvk.ops import Builder, attention_live
 from pootvk.oracle import evaluate
 from pootvk.passes import canonicalize, compile_graph
-from pootvk.plan import forced_schedule, plan_graph
+from pootvk.plan import FusedRequest, forced_schedule, plan_graph
 from pootvk.runtime.replay import Replay
 from pootvk.shaders.generate import compile_plan
 from tests.helpers import assert_close, reference_attention
@@ -158,6 +158,8 @@ def test_decode_loop_live_by_default_and_capacity_on_request(device):
     for live in (True, False):
         with DecodeLoop(b, hq, hkv, d, cap, device=device, live=live) as loop:
             prims = {k.request.prim for k in loop.plan.kernels if hasattr(k.request, "prim")}
+            prims |= {n.op for k in loop.plan.kernels if isinstance(k.request, FusedRequest)
+                      for n in k.request.body.nodes}  # the mask's Compare and Select fused
             assert (P.COMPARE in prims or P.SELECT in prims) is not live
             assert loop.plan.graph.count(P.ATTENTION) == 1
             outs[live] = [loop.step(*s) for s in steps]

@@ -16,7 +16,7 @@ from pootvk.ir import BF16, F16, F32, DType
 from pootvk.ir import prims as P
 from pootvk.ops import Builder
 from pootvk.passes import compile_graph
-from pootvk.plan import MatMulKind, MatMulRequest, forced_matmul
+from pootvk.plan import MatMulCombineRequest, MatMulKind, MatMulRequest, forced_matmul
 from pootvk.runtime import build_replay
 from tests.helpers import assert_close, examples
 
@@ -141,6 +141,24 @@ def test_gemv_t_forced_fields(device):
     assert_close(y, ref, TOL)
 
 
+@pytest.mark.parametrize("dt", [F32, F16], ids=lambda d: d.value)
+@pytest.mark.parametrize("transpose", [False, True], ids=["KxN", "NxK"])
+@pytest.mark.parametrize(("k", "n"), [(1032, 2120), (8200, 72)])
+def test_gemv_h200_rule_shapes(device, dt, transpose, k, n):
+    """The launch shapes the GPU rule picks on the H200 profile (1024-invocation GEMV_N with
+    up to 256 k groups and 8 loads per lane; 32-lane GEMV_T with 4 groups), forced on the
+    CI device: tails along K (K not a multiple of groups * unroll) and a partial N tile."""
+    from pootvk.plan import choose_matmul, recorded_profile
+
+    w_shape = (n, k) if transpose else (k, n)
+    h200 = choose_matmul((1, k), w_shape, (1, n), transpose_b=transpose, b_dtype=dt,
+                         profile=recorded_profile("nvidia_h200"))
+    fields = {f: getattr(h200, f) for f in ("lanes", "groups", "outs", "unroll")}
+    y, ref, req = run(device, (1, k), w_shape, dt, transpose, h200.kind.value, **fields)
+    assert (req.lanes, req.groups, req.unroll) == (h200.lanes, h200.groups, h200.unroll)
+    assert_close(y, ref, 1e-5)
+
+
 def test_gemm_forced_on_decode_rows(device):
     """The GEMM is correct for one row too (forced), in the tiles' smallest form."""
     y, ref, req = run(device, (1, 50), (50, 7), F32, False, "gemm", tile_m=32, tile_n=32)
@@ -197,3 +215,50 @@ def test_a_16bit_matmul_reads_and_writes_16bit(device, dt, a_shape, b_shape, kin
     # every output is a value of the dtype (rounded at the store)
     np.testing.assert_array_equal(np.asarray(y, np.float32), stored(np.asarray(y, np.float32), dt))
     assert_close(np.asarray(y, np.float64), want, 1e-6 if dt is F16 else 2e-5)
+
+
+def _run_split(device, a_shape, w_shape, dt, splits, **fields):
+    """A forced split-K GEMV_N: the partial launch and its combine (two kernels)."""
+    rng = np.random.default_rng(splits)
+    x = rng.standard_normal(a_shape).astype(np.float32)
+    w = stored(rng.standard_normal(w_shape).astype(np.float32), dt)
+    g = linear_graph(a_shape, w_shape, dt, False)
+    with forced_matmul("gemv_n", splits=splits, **fields), build_replay(g, device) as rp:
+        reqs = [k.request for k in rp.plan.kernels]
+        rp.set_params({"w": w})
+        y = rp.step({"x": x})["y"]
+    return y, x.astype(np.float64) @ w.astype(np.float64), reqs
+
+
+@pytest.mark.parametrize("dt", DTS, ids=lambda d: d.value)
+@pytest.mark.parametrize(("a_shape", "w_shape", "splits", "fields"), [
+    ((1, 300), (300, 72), 4, {"lanes": 8, "groups": 8, "unroll": 4}),  # K % splits = 0
+    ((3, 301), (301, 40), 7, {"lanes": 4, "groups": 16, "unroll": 3}),  # uneven slices, M = 3
+    ((1, 9), (9, 130), 4, {"lanes": 2, "groups": 2, "unroll": 2}),  # an empty last slice
+    ((2, 1, 64), (2, 64, 24), 3, {}),  # batched weights: partials per batch element
+])
+def test_gemv_n_split_k(device, dt, a_shape, w_shape, splits, fields):
+    """Split-K GEMV_N: each workgroup sums one contiguous K slice into F32 partials (declared
+    scratch), the combine sums the slices; uneven and empty slices, several rows, batches."""
+    y, ref, reqs = _run_split(device, a_shape, w_shape, dt, splits, **fields)
+    part, comb = reqs
+    assert isinstance(part, MatMulRequest) and part.splits == splits
+    assert isinstance(comb, MatMulCombineRequest) and comb.partial == part
+    assert part.workgroups == part.tiles * splits * max(1, part.batch_size)
+    assert_close(y, ref, TOL)
+
+
+def test_split_k_of_16bit_values_rounds_at_the_combine(device):
+    """A plain F16 matmul split over K: partials stay F32, the combine rounds the sum once."""
+    rng = np.random.default_rng(3)
+    x = stored(rng.standard_normal((2, 1, 50)).astype(np.float32), F16)
+    w = stored(rng.standard_normal((2, 50, 20)).astype(np.float32), F16)
+    b = Builder()
+    b.export("y", b.matmul(b.input("x", x.shape, F16), b.input("w", w.shape, F16)))
+    with forced_matmul("gemv_n", splits=5), build_replay(b.build(), device) as rp:
+        part, comb = [k.request for k in rp.plan.kernels]
+        assert part.out_dtype is F16 and comb.partial.splits == 5
+        y = rp.step({"x": x.astype(np.float16), "w": w.astype(np.float16)})["y"]
+    want = x.astype(np.float64) @ w.astype(np.float64)
+    np.testing.assert_array_equal(np.asarray(y, np.float32), stored(np.asarray(y, np.float32), F16))
+    assert_close(np.asarray(y, np.float64), want, 1e-6)

@@ -1,0 +1,253 @@
+"""Elementwise fusion: a producer merged into its single consumer, so the value it makes never
+goes through memory and costs no kernel of its own.
+
+Why: a decode step is memory-bound, and an unfused elementwise chain writes and reads every
+intermediate (RMSNorm traces seven eqns: x*x, Sum, *1/n, +eps, Rsqrt, *x, *w; SwiGLU's
+``silu(g) * u`` two; softmax five). After this pass RMSNorm is one kernel, SwiGLU one after
+its matmuls, softmax two.
+
+What merges: an eqn of an elementwise prim (``ir.fused.ELEMENTWISE``, or a ``Fused`` eqn)
+whose output
+
+- is read by exactly one eqn (which may read it more than once: ``x * x``),
+- is not observable (an export, a state output or a validation witness), and
+- feeds an elementwise eqn (the two become one ``Fused`` eqn) or a ``Reduce`` (which
+  becomes a ``FusedReduce`` computing the producer on load).
+
+Then a reduction keeping its axis, read by one eqn only and not observable, merges with the
+elementwise chain that reads it when that chain's value has the reduction's row shape: one
+``FusedRow`` kernel reduces each row and computes the chain per element of the same row
+(``x * rsqrt(mean(x*x) + eps) * w``: the sum is never stored).
+
+All within ``MAX_OPERANDS`` buffers and ``MAX_NODES`` nodes per kernel (a producer that
+would pass either limit stays its own eqn). Rounds repeat to a fixed point: a value two eqns
+read, both merged into one body by a round, is read by one eqn in the next and merges then
+(one node both reads share: computed once). A merged computation moves to its consumer's
+position, so one that reads a state slot is emitted before any eqn that overwrites that
+state in place, and a reduction of such a state is not moved past the update. An eqn
+nothing merges into is left exactly as it was (its ordinary primitive kernel).
+
+The pass runs last, after the attention rewrite (it would hide an attention chain's
+elementwise steps from the matcher), and keeps the oracle's answer bit for bit: the fused
+rules evaluate the same rules in the same order (``oracle.fused``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir import BOOL, DType, Eqn, Graph, Literal, Params, Prim, Var
+from ..ir.fused import ELEMENTWISE, FUSED, FUSED_REDUCE, FUSED_ROW, FusedBody, Leaf, Node
+from ..ir.prims import REDUCE
+from .canonicalize import dead_code_elimination
+
+#: Buffers one fused kernel may read (its output is one more binding: 8 in all, the
+#: storage-buffer bindings per stage every device we profile offers many times over).
+MAX_OPERANDS = 7
+#: Nodes of one body (keeps generated kernels small and their compile time flat).
+MAX_NODES = 64
+
+
+@dataclass(eq=False)
+class _Expr:
+    """A pending computation as a tree over graph values (DAG: shared sub-exprs are shared
+    objects). ``eqn`` is the original eqn when the expr is exactly that eqn."""
+
+    op: Prim
+    params: Params
+    args: tuple[_Expr | Var, ...]
+    shape: tuple[int, ...]
+    dtype: DType
+    eqn: Eqn | None = None
+
+
+def linearize(
+    x: _Expr, operands: tuple[Var, ...] = (), reduced: Var | None = None
+) -> tuple[FusedBody, tuple[Var, ...]]:
+    """The body of ``x`` (shared sub-exprs once, each distinct value read by one leaf) and
+    the values its leaves read: ``operands`` first (a FusedRow's prologue operands, which
+    its epilogue may read too), then new ones in leaf order. ``reduced`` is read through
+    the ``REDUCED`` leaf."""
+    nodes: list[Node] = []
+    memo: dict[object, int] = {}
+    ops = list(operands)
+
+    def visit(a: _Expr | Var) -> int:
+        if isinstance(a, Literal):
+            key: object = ("lit", repr(a.value), a.dtype)
+            if key not in memo:
+                memo[key] = len(nodes)
+                nodes.append(Node.literal(a.value, a.dtype))
+            return memo[key]
+        key = id(a)
+        if key in memo:
+            return memo[key]
+        if isinstance(a, _Expr):
+            args = tuple(visit(b) for b in a.args)
+            nodes.append(Node(a.op, args, a.params, a.shape, a.dtype))
+        elif a is reduced:
+            nodes.append(Node.reduced(a.shape, a.dtype))
+        else:
+            if a not in ops:
+                ops.append(a)
+            nodes.append(Node.operand(ops.index(a), a.shape, a.dtype))
+        memo[key] = len(nodes) - 1
+        return memo[key]
+
+    visit(x)
+    return FusedBody(tuple(nodes)), tuple(ops)
+
+
+def _leaves(x: _Expr) -> set[Var]:
+    return set(linearize(x)[1])
+
+
+def _fits(x: _Expr) -> bool:
+    body, ops = linearize(x)
+    return len(ops) <= MAX_OPERANDS and len(body.nodes) <= MAX_NODES
+
+
+def _expr_of(e: Eqn, args: dict[Var, _Expr | Var]) -> _Expr:
+    """``e`` as an expr whose operands are ``args`` (a pending expr or the value itself)."""
+    if e.prim is FUSED:
+        built: list[_Expr | Var] = []
+        for n in e.params["body"].nodes:
+            if n.op is Leaf.OPERAND:
+                built.append(args[e.inputs[n.params["index"]]])
+            elif n.op is Leaf.LITERAL:
+                built.append(Literal(n.params["value"], n.dtype))
+            else:
+                assert isinstance(n.op, Prim)  # a Fused body has no REDUCED leaf
+                built.append(_Expr(n.op, n.params, tuple(built[a] for a in n.args),
+                                   n.shape, n.dtype))
+        root = built[-1]
+        assert isinstance(root, _Expr)
+    else:
+        root = _Expr(e.prim, e.params, tuple(args.get(v, v) for v in e.inputs), e.out.shape,
+                     e.out.dtype)
+    if all(not isinstance(a, _Expr) for a in args.values()):
+        root.eqn = e
+    return root
+
+
+def _as_eqn(x: _Expr, outputs: tuple[Var, ...]) -> Eqn:
+    if x.eqn is not None:
+        return x.eqn
+    body, ops = linearize(x)
+    return Eqn(FUSED, ops, outputs, Params(body=body))
+
+
+def fuse(g: Graph) -> Graph:
+    """Merge elementwise producers into their single consumers (see the module doc), to a
+    fixed point: a value read by two eqns that one pass merged into one body is read by one
+    eqn in the next, and merges then (computed once, in registers, for both reads)."""
+    while True:
+        fused = _fuse_once(g)
+        if len(fused.eqns) == len(g.eqns):
+            return fused
+        g = fused
+
+
+def _fuse_once(g: Graph) -> Graph:
+    info = g.use_info()
+    observed = info.observed
+    overwrites = {v: g.slot(name).var for name, v in g.states.items()}  # output -> old slot
+
+    def merges_into(e: Eqn) -> bool:
+        return e.prim in ELEMENTWISE or e.prim is FUSED or (
+            e.prim is REDUCE and e.inputs[0].dtype is not BOOL
+        )
+
+    def inlinable(v: Var) -> bool:
+        users = set(info.users.get(v, ()))
+        return len(users) == 1 and v not in observed and merges_into(g.eqns[users.pop()])
+
+    pending: dict[Var, _Expr] = {}
+    eqns: list[Eqn | None] = []  # None: a reduction a FusedRow took over
+    reductions: dict[Var, int] = {}  # a private keepdim reduction's output -> its position
+
+    def row_of(x: _Expr, outputs: tuple[Var, ...]) -> Eqn | None:
+        """``x`` with a reduction it reads, as one FusedRow: the reduction must be read by
+        ``x`` alone, keep its axis, reduce a row of ``x``'s shape, and not read a state
+        overwritten since (the reduction moves here)."""
+        _, leaves = linearize(x)
+        for r in leaves:
+            i = reductions.get(r)
+            if i is None:
+                continue
+            red = eqns[i]
+            assert red is not None
+            pro = red.params["body"] if red.prim is FUSED_REDUCE else None
+            pro_ops = red.inputs
+            if pro is None:
+                pro = FusedBody((Node.operand(0, red.inputs[0].shape, red.inputs[0].dtype),))
+            if pro.out.shape != x.shape:
+                continue
+            moved_past = {overwrites[o] for e in eqns[i + 1:] if e for o in e.outputs
+                          if o in overwrites}
+            if moved_past & set(pro_ops):
+                continue
+            epi, ops = linearize(x, pro_ops, reduced=r)
+            if len(ops) > MAX_OPERANDS or len(epi.nodes) + len(pro.nodes) > MAX_NODES:
+                continue
+            eqns[i] = None
+            del reductions[r]
+            ps = Params(body=pro, op=red.params["op"], axis=red.params["axis"], epilogue=epi)
+            return Eqn(FUSED_ROW, ops, outputs, ps)
+        return None
+
+    def emit(x: _Expr, outputs: tuple[Var, ...]) -> None:
+        eqns.append(row_of(x, outputs) or _as_eqn(x, outputs))
+
+    def materialize(v: Var) -> None:
+        emit(pending.pop(v), (v,))
+
+    def note_reduction(e: Eqn) -> None:
+        users = set(info.users.get(e.out, ()))
+        user = g.eqns[users.pop()].prim if len(users) == 1 else None
+        if (e.params["keepdim"] and e.out not in observed and e.out.dtype is not BOOL
+                and (user in ELEMENTWISE or user is FUSED)):
+            reductions[e.out] = len(eqns) - 1
+
+    for e in g.eqns:
+        for o in e.outputs:  # an in-place state write: computations reading the old value first
+            old = overwrites.get(o)
+            if old is not None and old is not o:
+                for v in [v for v, x in pending.items() if old in _leaves(x)]:
+                    materialize(v)
+        if e.prim in ELEMENTWISE or e.prim is FUSED or e.prim is REDUCE:
+            args: dict[Var, _Expr | Var] = {v: v for v in e.inputs if not isinstance(v, Literal)}
+            for v in list(args):
+                if v not in pending:
+                    continue
+                args[v] = pending[v]
+                if _fits(_expr_of(e, args)):
+                    del pending[v]
+                else:
+                    args[v] = v
+                    materialize(v)
+            if e.prim is REDUCE:
+                src = args[e.inputs[0]]
+                if isinstance(src, _Expr):
+                    body, ops = linearize(src)
+                    ps = Params(body=body, **dict(e.params))
+                    eqns.append(Eqn(FUSED_REDUCE, ops, e.outputs, ps))
+                else:
+                    eqns.append(e)
+                note_reduction(eqns[-1])  # type: ignore[arg-type]
+                continue
+            x = _expr_of(e, args)
+            if inlinable(e.out):
+                pending[e.out] = x
+            else:
+                emit(x, e.outputs)
+            continue
+        for v in e.inputs:
+            if v in pending:
+                materialize(v)
+        eqns.append(e)
+        if e.prim is FUSED_REDUCE:  # made by an earlier pass: a FusedRow's prologue still
+            note_reduction(e)
+    for v in list(pending):  # nothing observable reads these: only dead code is left here
+        materialize(v)
+    return dead_code_elimination(g.replace([e for e in eqns if e is not None]))
