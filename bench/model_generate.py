@@ -56,9 +56,15 @@ from pootvk.llm import (  # noqa: E402
     prefill_chunks,
     random_weights,
 )
-from pootvk.plan import AttentionRequest, PrimRequest  # noqa: E402
 from pootvk.plan.decode_schedule import DecodeCombineRequest, DecodeRequest  # noqa: E402
-from pootvk.plan.matmul_schedule import MatMulRequest  # noqa: E402
+from pootvk.plan.matmul_schedule import MatMulCombineRequest, MatMulRequest  # noqa: E402
+from pootvk.plan.requests import (  # noqa: E402
+    AttentionRequest,
+    FusedReduceRequest,
+    FusedRequest,
+    PrimRequest,
+    ReduceRequest,
+)
 from pootvk.runtime.program import Program  # noqa: E402
 
 TOL = 5e-4
@@ -71,12 +77,12 @@ def family(request: object) -> str:
     """A planned kernel's family, from its request (never from its label)."""
     if isinstance(request, (AttentionRequest, DecodeRequest, DecodeCombineRequest)):
         return "attention"
-    if isinstance(request, MatMulRequest):
+    if isinstance(request, (MatMulRequest, MatMulCombineRequest)):
         return "gemv/matmul"
+    if isinstance(request, (FusedRequest, FusedReduceRequest, ReduceRequest)):
+        return "norms/elementwise"  # fused elementwise chains, RMSNorm rows, reductions
     if isinstance(request, PrimRequest):
         return "norms/elementwise" if request.prim in _ELEMENTWISE else "other"
-    if type(request).__name__.startswith("Fused"):  # fused elementwise/row kernels
-        return "norms/elementwise"
     return "other"
 
 

@@ -223,19 +223,10 @@ def _generate(args: argparse.Namespace) -> int:
     from .llm import load
     from .llm.gguf import stderr_progress
 
-    shown = []  # a progress line rewritten in place on a terminal, ended before anything else
-
-    def progress(line: str) -> None:
-        shown.append(line)
-        stderr_progress(line)
-
+    # a progress line rewritten in place, on a terminal only (a refusal stays one line)
     t0 = time.perf_counter()
-    try:
-        tm = load(args.model, args.device, context=args.context,
-                  progress=progress if sys.stderr.isatty() else None)
-    finally:
-        if shown:
-            print(file=sys.stderr)
+    tm = load(args.model, args.device, context=args.context,
+              progress=stderr_progress if sys.stderr.isatty() else None)
     with tm:
         load_s = time.perf_counter() - t0
         if not args.chat:

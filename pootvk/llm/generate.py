@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -21,6 +21,7 @@ import numpy as np
 
 from ..errors import PromptTooLong
 from ..vk import Device
+from .gguf import Progress
 from .model import LlamaConfig, LlamaModel
 from .sampling import check_sampling, sample
 
@@ -149,11 +150,11 @@ DEFAULT_CONTEXT = 2048
 def load(model: str | os.PathLike[str] = "smollm2",
          device: Device | int | str | None = None, *, context: int = DEFAULT_CONTEXT,
          weight_dtype: str = "float16", kv_dtype: str = "float32",
-         timestamps: bool = False, progress: Callable[[str], None] | None = None) -> TextModel:
+         timestamps: bool = False, progress: Progress | None = None) -> TextModel:
     """A packaged model by name (``"smollm2"``) or a llama-architecture GGUF by path, on
     ``device``, with a KV cache of ``context`` rows. Refusals are typed (``errors``): an
     unknown name or path, a file of another architecture or an unreadable tensor type.
-    ``progress`` gets a line per loaded layer."""
+    ``progress`` (``llm.gguf.Progress``) hears of each loaded layer."""
     from .gguf import load_gguf
     from .tokenizer import Tokenizer as GGUFTokenizer
 
