@@ -1,4 +1,4 @@
-"""The ``pootvk`` console command: ``devices``, ``demo``, ``bench``, ``plan``."""
+"""The ``pootvk`` console command: ``devices``, ``demo``, ``bench``, ``plan``, ``generate``."""
 
 from __future__ import annotations
 
@@ -218,6 +218,32 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _generate(args: argparse.Namespace) -> int:
+    """Stream a model's continuation of the prompt, then the prefill and decode rates."""
+    from .llm import load
+    from .llm.gguf import stderr_progress
+
+    # a progress line rewritten in place, on a terminal only (a refusal stays one line)
+    t0 = time.perf_counter()
+    tm = load(args.model, args.device, context=args.context,
+              progress=stderr_progress if sys.stderr.isatty() else None)
+    with tm:
+        load_s = time.perf_counter() - t0
+        if not args.chat:
+            print(args.prompt, end="", flush=True)
+        for piece in tm.stream(args.prompt, args.max_tokens, temperature=args.temperature,
+                               top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                               chat=args.chat):
+            print(piece, end="", flush=True)
+        print()
+        st = tm.stats
+        print(f"{tm.name} on {tm.model.device.name}: loaded in {load_s:.1f} s; prompt "
+              f"{st.prompt_tokens} tokens at {st.prefill_tokens_per_s:.1f} tokens/s, "
+              f"generated {st.generated} tokens at {st.decode_tokens_per_s:.1f} tokens/s",
+              file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = _Parser(prog="pootvk", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -260,9 +286,24 @@ def main(argv: list[str] | None = None) -> int:
                       help="split key (latent attention): k has width D - S, and k_shared "
                       "[B,1,Lk,S] is read once for every head")
     plan.add_argument("--verbose", action="store_true", help="also print the whole plan")
+    gen = sub.add_parser("generate", help="stream a model's continuation of a prompt")
+    gen.add_argument("prompt")
+    gen.add_argument("--max-tokens", type=positive_int, default=64)
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    gen.add_argument("--model", default="smollm2",
+                     help="a packaged model name (smollm2) or a llama GGUF file")
+    gen.add_argument("--device", default=None, help="index or name substring")
+    gen.add_argument("--context", type=positive_int, default=2048,
+                     help="KV cache rows (prompt + generated tokens)")
+    gen.add_argument("--temperature", type=non_negative_float, default=0.0,
+                     help="0: greedy (default)")
+    gen.add_argument("--top-k", type=int, default=0, help="0: no cut")
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--seed", type=int, default=None)
     args = ap.parse_args(argv)
     try:
-        return {"devices": _devices, "demo": _demo, "bench": _bench, "plan": _plan}[args.cmd](args)
+        return {"devices": _devices, "demo": _demo, "bench": _bench, "plan": _plan,
+                "generate": _generate}[args.cmd](args)
     except PootvkError as e:
         print(f"pootvk: {type(e).__name__}: {e}", file=sys.stderr)
         return 2

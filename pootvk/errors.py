@@ -290,3 +290,12 @@ class TensorShapeMismatch(ModelFileError):
         self.path, self.tensor, self.expected, self.got = path, tensor, expected, got
         super().__init__(f"{path}: tensor {tensor!r} has shape {got}; the metadata implies "
                          f"{expected}")
+
+
+class PromptTooLong(PootvkError, ValueError):
+    """A prompt (plus at least one generated token) does not fit the model's context."""
+
+    def __init__(self, prompt_tokens: int, context: int) -> None:
+        self.prompt_tokens, self.context = prompt_tokens, context
+        super().__init__(f"the prompt is {prompt_tokens} tokens; the context holds {context} "
+                         f"(at most {context - 1} prompt tokens leave room for one more)")

@@ -75,3 +75,19 @@ def test_readme_graph_api_block_runs(capsys, device):
         ref = evaluate(g, {"x": x, "pos": np.int32(t), **params, **caches})
         caches = {n: ref[n] for n in caches}
     assert_close(ns["y"], ref["y"])
+
+
+def test_readme_real_model_block_runs(capsys, device):
+    """The README's ``pootvk.llm.load`` block, run as written on the real model: greedy
+    text, then a seeded, sampled chat reply streamed piece by piece, and the stats it
+    prints."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("### A real model"):]
+    block = section[section.index("```python") + len("```python"):]
+    block = block[: block.index("```")]
+    ns: dict = {}
+    exec(compile(block, "README.md", "exec"), ns)  # noqa: S102 (the README's own code)
+    out = capsys.readouterr().out
+    st = ns["tm"].stats
+    assert st.prompt_tokens > 5 and 0 < st.generated <= 40 and "RunStats" in out
+    assert len(out.strip()) > 40  # text came out

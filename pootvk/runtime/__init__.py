@@ -55,10 +55,12 @@ def build_plan(g: Graph, device: Device) -> Plan:
     return plan
 
 
-def build_replay(g: Graph, device: Device, *, timestamps: bool = False) -> Replay:
-    """A new (uncached) Replay for ``g``: the caller owns it and closes it."""
+def build_replay(g: Graph, device: Device, *, timestamps: bool = False,
+                 share: Replay | None = None) -> Replay:
+    """A new (uncached) Replay for ``g``: the caller owns it and closes it. With ``share``
+    it binds that Replay's param and state buffers of the same slots (``Replay._borrow``)."""
     plan = build_plan(g, device)
-    return Replay(device, plan, compile_plan(plan), timestamps=timestamps)
+    return Replay(device, plan, compile_plan(plan), timestamps=timestamps, share=share)
 
 
 def _acquire(key: Hashable, trace: Callable[[], Graph], device: Device, hold: bool) -> Replay:

@@ -6,6 +6,12 @@ device until given again; states are donated: the device holds them between call
 call updates them in place, and a state given as a keyword replaces the held value; every
 per-step slot (inputs, positions, token ids) must be given on every call. It returns the
 graph's exports as numpy arrays. Nothing is re-recorded between calls.
+
+Two Programs may share weights and state: ``Program(g2, share=p1)`` binds p1's buffers for
+every param and state slot g2 declares with the same name, shape and dtype (a model's
+prefill and decode graphs: one copy of the weights, one KV cache both update in place).
+Params p1 has written count as written in p2; p1 must stay open while p2 is used (a call
+on p2 after ``p1.close()`` raises Closed).
 """
 
 from __future__ import annotations
@@ -28,15 +34,19 @@ class Program:
     from several threads run one at a time (a call's binds and its step are not split)."""
 
     def __init__(self, graph: Graph, device: Device | int | str | None = None, *,
-                 timestamps: bool = False) -> None:
+                 timestamps: bool = False, share: Program | None = None) -> None:
         self.graph = graph
-        self.device = resolve_device(device)
-        self._replay = build_replay(graph, self.device, timestamps=timestamps)
+        self.device = share.device if share is not None and device is None \
+            else resolve_device(device)
+        self._replay = build_replay(graph, self.device, timestamps=timestamps,
+                                    share=None if share is None else share._replay)
         kinds = {s.name: s.kind for s in graph.slots if s.kind.bound}
         self._params = {n for n, k in kinds.items() if k is SlotKind.PARAM}
         self._states = {n for n, k in kinds.items() if k is SlotKind.STATE}
         self._per_step = {n for n, k in kinds.items() if k.per_step}
         self._unset = set(self._params)  # params not bound yet
+        if share is not None:  # what the lender has written is written here too
+            self._unset -= (self._params & share._params) - share._unset
         self._lock = threading.Lock()  # a call's binds and its step, one caller at a time
 
     @property
@@ -101,6 +111,10 @@ class Program:
         """GPU time of the last call (``timestamps=True``)."""
         return self._replay.gpu_time_ns()
 
+    def dispatch_times_ns(self) -> list[tuple[str, float]] | None:
+        """(kernel label, device ns) of every dispatch of the last call (``timestamps=True``)."""
+        return self._replay.dispatch_times_ns()
+
     def rerecord(self) -> None:
         """Record the command buffer again (the benchmark's record-every-step baseline)."""
         self._replay.rerecord()
@@ -116,7 +130,8 @@ class Program:
 
 
 def compile_program(graph: Graph, device: Device | int | str | None = None, *,
-                    timestamps: bool = False) -> Program:
-    """Compile, plan and record ``graph`` for ``device`` (None: the default device);
-    exported as ``pootvk.compile``."""
-    return Program(graph, device, timestamps=timestamps)
+                    timestamps: bool = False, share: Program | None = None) -> Program:
+    """Compile, plan and record ``graph`` for ``device`` (None: the default device, or
+    ``share``'s); exported as ``pootvk.compile``. ``share``: bind that Program's param and
+    state buffers (see the module docstring)."""
+    return Program(graph, device, timestamps=timestamps, share=share)

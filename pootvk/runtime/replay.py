@@ -41,6 +41,8 @@ class _Resources:
     def __init__(self, device: Device) -> None:
         self.device = device
         self.buffers: dict[str, Buffer] = {}  # what kernels bind
+        self.borrowed: set[str] = set()  # buffers another Replay owns (never freed here)
+        self.lenders: list[Replay] = []  # kept alive while this one borrows from them
         self.staging: dict[str, Buffer] = {}  # host-side copies of per-step inputs
         self.pipelines: list[Any] = []  # held in the Device's pipeline cache
         self.recording: Recording | None = None
@@ -49,9 +51,13 @@ class _Resources:
         if self.recording is not None:
             self.recording.destroy()
             self.recording = None
-        for b in (*self.buffers.values(), *self.staging.values()):
+        for name, b in self.buffers.items():
+            if name not in self.borrowed:
+                b.destroy()
+        for b in self.staging.values():
             b.destroy()
         self.buffers.clear()
+        self.lenders.clear()
         self.staging.clear()
         pipes, self.pipelines = self.pipelines, []
         if not self.device.closed:
@@ -65,7 +71,8 @@ class Replay:
     collection) frees its buffers and recording; use after close raises Closed."""
 
     def __init__(
-        self, device: Device, plan: Plan, spirv: list[bytes], *, timestamps: bool = False
+        self, device: Device, plan: Plan, spirv: list[bytes], *, timestamps: bool = False,
+        share: Replay | None = None,
     ) -> None:
         self.device, self.plan = device, plan
         self._res = _Resources(device)
@@ -76,9 +83,13 @@ class Replay:
         self.recordings = 0
         self.name = "+".join(k.label for k in plan.kernels) or "replay"
         try:
+            lent = self._borrow(share) if share is not None else {}
             uploads = []
             for spec in plan.buffers.values():
                 n = max(spec.nbytes, 4)
+                if spec.name in lent:
+                    self.buffers[spec.name] = lent[spec.name]
+                    continue
                 # Exports are read back by the host: host memory, written once per step.
                 # Everything kernels read lives in device memory; a per-step input whose
                 # device memory is not mappable (a discrete GPU without ReBAR) is written to
@@ -92,6 +103,8 @@ class Replay:
                     )
                     uploads.append((self.staging[spec.name], buf, n))
             for spec in plan.buffers.values():
+                if spec.name in lent:  # the lender's value stands
+                    continue
                 if spec.role in (BufferRole.STATE, BufferRole.SCRATCH):  # start zeroed
                     self.buffers[spec.name].zero()
             for name, value in plan.graph.constants.items():  # folded constants, once
@@ -123,6 +136,29 @@ class Replay:
         self._fast_in = self._fast_inputs()
         self._outs = self._output_reads()
         self._guards = self._guard_ranges()
+
+    def _borrow(self, lender: Replay) -> dict[str, Buffer]:
+        """The lender's param and state buffers that this plan has too (same slot name,
+        dtype and shape): bound here as they are, so both recordings read and update the
+        same bytes (a prefill graph writes the KV cache a decode graph then reads; the
+        weights are uploaded once). The lender is kept alive while this Replay lives."""
+        lender._require_open()
+        if lender.device is not self.device:
+            raise BindError("share", self.device.name, lender.device.name, "device")
+        mine = {s.name: s for s in self.plan.graph.slots
+                if s.kind in (SlotKind.PARAM, SlotKind.STATE)}
+        lent: dict[str, Buffer] = {}
+        for s in lender.plan.graph.slots:
+            m = mine.get(s.name)
+            if m is None or m.kind is not s.kind:
+                continue
+            if (m.var.shape, m.var.dtype) != (s.var.shape, s.var.dtype):
+                raise BindError(s.name, m.var.aval(), s.var.aval(), "shared slot")
+            key = lender.plan.locations[s.var].buffer
+            lent[self.plan.locations[m.var].buffer] = lender.buffers[key]
+            self._res.borrowed.add(self.plan.locations[m.var].buffer)
+        self._res.lenders.append(lender)
+        return lent
 
     def _fast_inputs(self) -> list[tuple] | None:
         """Per-step slots as typed views of mapped memory, built once: a step whose values
@@ -205,6 +241,9 @@ class Replay:
     def _require_open(self) -> None:
         if self._res.recording is None:
             raise Closed(f"replay {self.name!r}")
+        for lender in self._res.lenders:  # its buffers are bound here
+            if lender.closed:
+                raise Closed(f"replay {lender.name!r} (this replay shares its buffers)")
         self.device._require_open()
 
     # --- binding -------------------------------------------------------------------------------

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from pootvk.errors import CapacityExceeded, SlotRangeError
+from pootvk.ir import F16
 from pootvk.ir import prims as P
-from pootvk.llm import LlamaConfig, LlamaModel, OracleLlama, random_weights
+from pootvk.llm import LlamaConfig, LlamaModel, OracleLlama, prefill_chunks, random_weights
 from tests.helpers import nse
 
 #: Tokens generated per dtype: the issue's 128 unless POOTVK_MODEL_STEPS says otherwise.
@@ -84,9 +85,9 @@ def reference_llama(cfg: LlamaConfig, w: dict, tokens: list[int]) -> np.ndarray:
     causal = np.tril(np.ones((t, t), bool))
     for i in range(cfg.layers):
         h = _rms(x, w[f"l{i}.attn_norm"], cfg.eps)
-        q = (h @ w[f"l{i}.wq"]).reshape(t, hq, d)
-        k = (h @ w[f"l{i}.wk"]).reshape(t, hkv, d)
-        v = (h @ w[f"l{i}.wv"]).reshape(t, hkv, d)
+        q = (h @ w[f"l{i}.wq"].T).reshape(t, hq, d)
+        k = (h @ w[f"l{i}.wk"].T).reshape(t, hkv, d)
+        v = (h @ w[f"l{i}.wv"].T).reshape(t, hkv, d)
         q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
         out = np.empty((t, hq, d))
         for j in range(hq):
@@ -94,20 +95,96 @@ def reference_llama(cfg: LlamaConfig, w: dict, tokens: list[int]) -> np.ndarray:
             s = np.where(causal, q[:, j] @ k[:, g].T / np.sqrt(d), -np.inf)
             p = np.exp(s - s.max(-1, keepdims=True))
             out[:, j] = (p / p.sum(-1, keepdims=True)) @ v[:, g]
-        x = x + out.reshape(t, hq * d) @ w[f"l{i}.wo"]
+        x = x + out.reshape(t, hq * d) @ w[f"l{i}.wo"].T
         h = _rms(x, w[f"l{i}.mlp_norm"], cfg.eps)
-        gate = h @ w[f"l{i}.w_gate"]
-        x = x + (gate / (1 + np.exp(-gate)) * (h @ w[f"l{i}.w_up"])) @ w[f"l{i}.w_down"]
-    return _rms(x, w["norm"], cfg.eps) @ w["lm_head"]
+        gate = h @ w[f"l{i}.w_gate"].T
+        x = x + (gate / (1 + np.exp(-gate)) * (h @ w[f"l{i}.w_up"].T)) @ w[f"l{i}.w_down"].T
+    head = w["embed"] if cfg.tied_embeddings else w["lm_head"]
+    return _rms(x, w["norm"], cfg.eps) @ head.T
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_the_graph_is_llama(dtype):
+@pytest.mark.parametrize("dtype,tied", [("float32", False), ("float16", True)])
+def test_the_graph_is_llama(dtype, tied):
+    """Decode steps and a padded prefill chunk (the oracle runs both graphs) give the
+    independent forward's logits."""
     cfg = LlamaConfig(layers=2, q_heads=4, kv_heads=2, head_dim=16, hidden=32,
-                      intermediate=48, vocab=40, capacity=16, weight_dtype=dtype)
+                      intermediate=48, vocab=40, capacity=32, weight_dtype=dtype,
+                      tied_embeddings=tied)
     w = random_weights(cfg, seed=3)
     tokens = [5, 39, 0, 17, 17, 2, 8]
     ref = reference_llama(cfg, w, tokens)
     oracle = OracleLlama(cfg, w)
     for i, tok in enumerate(tokens):
         assert nse(oracle.step(tok), ref[i]) < 1e-10, i
+    oracle = OracleLlama(cfg, w)  # 3 tokens by decode, 4 in a 16-row prefill bucket
+    oracle.prefill(tokens[:1])
+    assert nse(oracle.prefill(tokens[1:3]), ref[2]) < 1e-10  # 2 tokens: a padded bucket
+    assert nse(oracle.prefill(tokens[3:]), ref[6]) < 1e-10
+
+
+def test_prefill_chunks_fit_the_cache():
+    assert prefill_chunks(0, 1, 64) == [(1, 1)]
+    assert prefill_chunks(0, 5, 64) == [(5, 16)]
+    assert prefill_chunks(0, 17, 64) == [(17, 64)]
+    assert prefill_chunks(0, 600, 2048) == [(512, 512), (88, 256)]
+    assert prefill_chunks(50, 10, 64) == [(1, 1)] * 10  # 50 + 16 > 64: decode steps
+    assert prefill_chunks(40, 20, 64) == [(16, 16), (1, 1), (1, 1), (1, 1), (1, 1)]
+    with pytest.raises(CapacityExceeded):
+        prefill_chunks(60, 5, 64)
+
+
+@pytest.mark.parametrize("tied,bucket", [(False, 16), (True, 8)])
+def test_prefill_then_decode_matches_the_oracle(device, tied, bucket):
+    """A prompt through one prefill graph, then live decode steps over the cache it left
+    on the device: the oracle's logits and greedy tokens, one recording per graph."""
+    cfg = LlamaConfig(layers=2, q_heads=4, kv_heads=2, head_dim=16, hidden=64,
+                      intermediate=96, vocab=128, capacity=64, weight_dtype="float16",
+                      tied_embeddings=tied)
+    w = random_weights(cfg, seed=5)
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]
+    with LlamaModel(cfg, w, device, buckets=(bucket,)) as model:  # GEMM rows, GEMV rows
+        oracle = OracleLlama(cfg, w)
+        got = list(model.generate(prompt, 12))
+        want = list(oracle.generate(prompt, 12))
+        assert [t for t, _ in got] == [t for t, _ in want]
+        assert max(nse(a, b) for (_, a), (_, b) in zip(got, want, strict=True)) <= 5e-4
+        assert sorted(model.prefills) == [bucket] and model.recordings == 2
+        assert model.position == len(prompt) + 11
+        np.testing.assert_allclose(model.program.state("l1.k_cache")[:, :, :model.position],
+                                   oracle.states["l1.k_cache"][:, :, :model.position],
+                                   rtol=1e-4, atol=1e-5)
+        model.reset()  # a second sequence over the same buffers gives the same tokens
+        assert [t for t, _ in model.generate(prompt, 12)] == [t for t, _ in want]
+        assert model.recordings == 2
+
+
+def test_smollm2_plan_reads_weights_as_stored():
+    """At SmolLM2-135M's shapes (planned for the H200, no device): every weight matmul is
+    one Linear reading the F16 [out, in] weight as stored (no Transpose or Convert kernel of
+    a weight; the one Convert widens the gathered embedding row), q/k share one Linear and
+    one RoPE chain, the RoPE rows are gathered once for all layers, and attention is one
+    live kernel per layer."""
+    from pootvk.llm import SMOLLM2_135M, trace_llama, trace_prefill
+    from pootvk.passes import compile_graph
+    from pootvk.plan import plan_graph, recorded_profile
+
+    cfg = SMOLLM2_135M
+    for graph in (trace_llama(cfg), trace_prefill(cfg, 64)):
+        g = compile_graph(graph)
+        assert g.count(P.LINEAR) == 6 * cfg.layers + 1  # qk, v, o, gate, up, down; LM head
+        assert g.count(P.MATMUL) == 0 and g.count(P.CONVERT) <= 1  # (a fusion may take it)
+        assert g.count(P.GATHER) == (3 if graph.slot("pos").range[1] == cfg.capacity - 1
+                                     else 4)  # embedding, cos, sin (+ the last row)
+        linear_weights = [e.inputs[1] for e in g.eqns if e.prim is P.LINEAR]
+        slots = {s.var: s for s in g.slots}
+        assert all(slots[w].var.dtype is F16 for w in linear_weights)
+        assert all(e.params["form"].transpose_b for e in g.eqns if e.prim is P.LINEAR)
+        assert g.count(P.ATTENTION) == cfg.layers
+        assert all(e.params["form"].live for e in g.eqns if e.prim is P.ATTENTION)
+    g = compile_graph(trace_llama(cfg))
+    assert g.count(P.TRANSPOSE) == 0  # decode heads are views
+    plan = plan_graph(g, recorded_profile("nvidia_h200"))
+    # 21.2 per layer: RMSNorm 1 x 2 (fused rows), Linear 6, RoPE 4 (folded tables, q and k
+    # in one chain: 2 slices, a concat, one fused product-sum), q/k slices 2, cache writes
+    # 2, attention + combine 2, residual adds 2, SwiGLU 1
+    assert len(plan.kernels) <= 22 * cfg.layers

@@ -37,11 +37,13 @@ def hf_rope(x: np.ndarray, positions: np.ndarray, theta: float) -> np.ndarray:
     return x * np.cos(emb) + rot * np.sin(emb)
 
 
+@pytest.mark.parametrize("full", [False, True])
 @pytest.mark.parametrize("rows,pos", [(1, 0), (1, 37), (5, 20)])
-def test_rope_is_hf_llamas_rotation(rows, pos):
+def test_rope_is_hf_llamas_rotation(rows, pos, full):
+    """Half-width tables and the folded full-width ones give HF's rotation."""
     d, cap, theta = 32, 64, 500000.0
     x = rng.standard_normal((2, 3, rows, d)).astype(np.float32)
-    cos, sin = rope_tables(cap, d, theta)
+    cos, sin = rope_tables(cap, d, theta, full=full)
     b = Builder()
     p = b.pos("pos", 0, cap - rows)
     y = b.rope(b.input("x", x.shape), p, b.param("cos", cos.shape), b.param("sin", sin.shape))

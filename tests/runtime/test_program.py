@@ -96,3 +96,31 @@ def test_model_decode_bench_quick(capsys, device):
     out = capsys.readouterr().out
     assert "check: 2 steps vs the oracle" in out
     assert "replay" in out and "rerecord" in out and "host time per token" in out
+
+
+def test_two_programs_share_params_and_state(device):
+    """``share=``: the second program binds the first's param and state buffers, so a call
+    of either updates the one state the other then reads; the lender's params count as
+    written; a shape mismatch is refused; closing the lender refuses the borrower."""
+    b = Builder()  # acc' = acc - 10 * w, another graph over the same slots
+    w, acc = b.param("w", (4,)), b.state("acc", (4,))
+    new = b.sub(acc, b.mul(w, 10.0))
+    b.set_state("acc", new)
+    b.export("y", new)
+    w = np.array([1, 2, 3, 4], np.float32)
+    table = np.zeros((3, 2), np.float32)
+    x = np.ones(4, np.float32)
+    with pootvk.compile(counter_graph(), device) as first:
+        first(x=x, w=w, table=table, tok=np.int32(0))  # acc = w
+        second = pootvk.compile(b.build(), share=first)  # no params given: first's are bound
+        np.testing.assert_array_equal(second()["y"], w - 10 * w)
+        np.testing.assert_array_equal(first(x=x, tok=np.int32(0))["y"], w - 10 * w + w)
+        np.testing.assert_array_equal(second.state("acc"), first.state("acc"))
+        bad = Builder()
+        bad.set_state("acc", bad.state("acc", (5,)))
+        bad.export("z", bad.add(bad.param("w", (4,)), 1.0))
+        with pytest.raises(BindError):
+            pootvk.compile(bad.build(), share=first)
+    with pytest.raises(Closed):
+        second()
+    second.close()
