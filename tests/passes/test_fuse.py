@@ -12,6 +12,7 @@ from pootvk.ir.fused import ELEMENTWISE, FUSED, FUSED_REDUCE, FUSED_ROW, FusedBo
 from pootvk.ops import Builder, trace_decode_step
 from pootvk.oracle import evaluate
 from pootvk.passes import canonicalize, compile_graph, fuse
+from pootvk.passes.fuse import LONG_ROW
 from pootvk.plan import plan_graph, recorded_profile
 from tests.helpers import random_inputs
 from tests.random_graphs import elementwise_graphs, rms_norm, swiglu
@@ -87,6 +88,21 @@ def test_softmax_is_two_row_kernels():
     assert [e.prim for e in c.eqns] == [FUSED_ROW, FUSED_ROW]
     assert str(c.eqns[0].params["epilogue"]) == "Unary[Exp](Sub(x0, r))"
     assert str(c.eqns[1].params["epilogue"]) == "Div(x0, r)"
+
+
+@pytest.mark.parametrize(("rows", "fused"), [(1, False), (63, False), (64, True)])
+def test_few_long_rows_keep_the_splitting_reduce(rows, fused):
+    """A softmax over fewer than FEW_ROWS rows longer than LONG_ROW keeps its Reduce kernels
+    (they split a long row over the device; a fused row is one workgroup: 0.2-0.4x on the
+    H200 for one 128256-wide row); from FEW_ROWS rows on it is two row kernels again."""
+    b = Builder()
+    s = b.input("s", (rows, LONG_ROW + 1))
+    m = b.reduce("Max", s, 1)
+    ex = b.unary("Exp", b.sub(s, m))
+    b.export("p", b.div(ex, b.reduce("Sum", ex, 1)))
+    prims = [e.prim for e in compile_graph(b.build()).eqns]
+    assert (prims == [FUSED_ROW, FUSED_ROW]) is fused
+    assert (prims.count(P.REDUCE) == 2) is not fused
 
 
 def test_a_reduction_stays_stored_when_observed_read_twice_or_not_row_shaped():
