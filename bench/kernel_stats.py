@@ -41,6 +41,7 @@ from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.gemv import graph as gemv_graph  # noqa: E402
 from pootvk.config import config  # noqa: E402
 from pootvk.errors import (  # noqa: E402
     AttentionLds,
@@ -50,7 +51,6 @@ from pootvk.errors import (  # noqa: E402
 )
 from pootvk.ir import F16, F32  # noqa: E402
 from pootvk.llm import LlamaConfig, trace_llama  # noqa: E402
-from pootvk.ops import Builder  # noqa: E402
 from pootvk.passes import compile_graph  # noqa: E402
 from pootvk.plan import DecodeProblem, DecodeRequest, plan_graph  # noqa: E402
 from pootvk.plan.decode_schedule import choose_decode_schedule  # noqa: E402
@@ -169,14 +169,8 @@ def plan_rows(c: Collector, kernel: str, graph) -> None:  # type: ignore[no-unty
 
 
 def matmul_graph(m: int, k: int, n: int, dt, layout: str):  # type: ignore[no-untyped-def]
-    b = Builder()
-    x = b.input("x", (m, k))
-    w = b.param("w", (k, n) if layout == "kn" else (n, k), dt)
-    wf = b.convert(w, F32) if dt is not F32 else w
-    if layout == "nk":
-        wf = b.transpose(wf, (1, 0))
-    b.export("y", b.matmul(x, wf))
-    return b.build()
+    """The graph bench/gemv.py times: x[m, k] @ W stored [k, n] ("kn") or [n, k] ("nk")."""
+    return gemv_graph(k, n, dt, layout, rows=m)
 
 
 def gemv_rows(c: Collector, quick: bool) -> None:

@@ -233,8 +233,23 @@ class ScatterRequest:
         )
 
 
+class _LeavesToOutput:
+    """A fused kernel's bindings: one read buffer per operand leaf (``x0, x1, ...``), then
+    its output ``y``; no push constants."""
+
+    inputs: tuple[Aval, ...]
+    output: Aval
+
+    def push_constants(self) -> tuple[int, ...]:
+        return ()
+
+    def bindings(self) -> tuple[Binding, ...]:
+        ins = tuple(Binding(f"x{j}", Access.READ, dt) for j, (_s, dt) in enumerate(self.inputs))
+        return (*ins, Binding("y", Access.WRITE, self.output[1]))
+
+
 @dataclass(frozen=True)
-class FusedRequest:
+class FusedRequest(_LeavesToOutput):
     """A fused elementwise kernel: one invocation per output element computes the whole
     body in registers (named scalars) and stores only the result."""
 
@@ -245,13 +260,6 @@ class FusedRequest:
     local_size: int
     grid: tuple[int, int]
 
-    def push_constants(self) -> tuple[int, ...]:
-        return ()
-
-    def bindings(self) -> tuple[Binding, ...]:
-        ins = tuple(Binding(f"x{j}", Access.READ, dt) for j, (_s, dt) in enumerate(self.inputs))
-        return (*ins, Binding("y", Access.WRITE, self.output[1]))
-
     def describe(self) -> str:
         shape = ",".join(map(str, self.output[0]))
         return (
@@ -261,7 +269,7 @@ class FusedRequest:
 
 
 @dataclass(frozen=True)
-class FusedReduceRequest:
+class FusedReduceRequest(_LeavesToOutput):
     """A reduction whose input is a fused body computed on load: one workgroup of ``lanes``
     per reduced row; lane ``l`` folds elements ``l, l + lanes, ...`` of the row into a
     register, then the workgroup combines the lanes' partials: subgroup shuffles first where
@@ -294,13 +302,6 @@ class FusedReduceRequest:
     @property
     def local_size(self) -> int:
         return self.lanes
-
-    def push_constants(self) -> tuple[int, ...]:
-        return ()
-
-    def bindings(self) -> tuple[Binding, ...]:
-        ins = tuple(Binding(f"x{j}", Access.READ, dt) for j, (_s, dt) in enumerate(self.inputs))
-        return (*ins, Binding("y", Access.WRITE, self.output[1]))
 
     def describe(self) -> str:
         shape = ",".join(map(str, self.output[0]))
