@@ -48,6 +48,9 @@ MAX_ROWS_CPU = 4
 COMBINE_LOCAL = 64
 KEYS_PER_ITER = 4
 LOCAL_SIZE = 256
+#: K/V bytes per (batch row, KV head) up to which a workgroup serves one query row
+#: (choose_decode_schedule: the register-bound fixed cost of a multi-row kernel dominates)
+SHORT_CACHE_BYTES = 2 << 20
 #: 16-bit K/V up to this many keys keep 16 lanes per key when split (choose_decode_schedule)
 SHORT_16BIT_LK = 8192
 #: Split cap when even MAX_SPLITS splits fill at most half the compute units (B*Hkv tiny).
@@ -421,6 +424,20 @@ def choose_decode_schedule(
     # lavapipe: at most 4 rows (its LLVM compile of an 8-row unrolled kernel takes ~30 s)
     max_rows = MAX_ROWS_CPU if profile.device_type == "cpu" else MAX_ROWS
     rows = _rows_per_wg(p.group_rows, int(ov.pop("max_rows", max_rows)))
+    # Short caches: one query row per workgroup. A kernel serving several rows keeps all
+    # their query + accumulator slices in registers (the D=128 F16 kernel at 4 rows, 8 lanes
+    # per key: 250 registers a lane, NVIDIA's pipeline statistics), and with few keys per
+    # workgroup that fixed cost, not the K/V bytes, sets the time. H200, one session
+    # (bench/decode_probe.py --tune --variants), B=1 Hq=32 Hkv=8 D=128, 1 row (16 lanes)
+    # against the 4-row kernel: F16 Lk 1024 10.2 us vs 15.1, 2048 12.3 vs 17.0, 4096 15.6 vs
+    # 19.3 (llama.cpp 17.5), 8192 28.4 vs 23.6; F32 1024 10.7 vs 15.1, 2048 14.8 vs 17.6,
+    # 4096 21.6 vs 20.7. So: at most SHORT_CACHE_BYTES of K/V per (batch row, KV head),
+    # while those heads leave compute units idle.
+    if (p.lq == 1 and profile.compute_units and profile.device_type != "cpu"
+            and p.b * p.hkv < profile.compute_units
+            and p.lk * (p.dk + p.dv) * bytes_ <= SHORT_CACHE_BYTES
+            and "max_rows" not in ov_keys):
+        rows = 1
     rows = int(ov.pop("rows_per_wg", rows))
     subgroup = bool(ov.pop("subgroup", has_subgroup_shuffle)) and has_subgroup_shuffle
     sub = max(1, profile.subgroup_size)

@@ -48,13 +48,16 @@ def arena_intervals(plan):
         first = kernels_of[i][0]
         last = max(kernels_of[last_read.get(vid, i)][-1], first)
         rows.append((loc.buffer, first, last, loc.offset, loc.offset + loc.nbytes, f"eqn{i}"))
-    for k, kern in enumerate(plan.kernels):
+    scratch = {}  # one row per (eqn, location): a split launch's partial and combine
+    for k, kern in enumerate(plan.kernels):  # kernels bind the same scratch
         for b in kern.bindings:
             if b.role is BufferRole.SCRATCH and b.location.buffer.startswith("arena"):
                 ks = kernels_of[kern.eqn]
-                rows.append((b.location.buffer, ks[0], ks[-1], b.location.offset,
-                             b.location.offset + b.location.nbytes, f"scratch k{k}"))
-    return rows
+                loc = (b.location.buffer, b.location.offset, b.location.nbytes)
+                scratch.setdefault((kern.eqn, loc), (
+                    b.location.buffer, ks[0], ks[-1], b.location.offset,
+                    b.location.offset + b.location.nbytes, f"scratch k{k}"))
+    return rows + list(scratch.values())
 
 
 def assert_no_live_overlap(plan) -> int:

@@ -87,7 +87,7 @@ def graphs(draw):
             pred = b.compare(draw(st.sampled_from(("Lt", "Ge", "Ne"))), p, q)
             w = draw(st.sampled_from([w for w in pool if _broadcasts(pred.shape, w.shape)]
                                      or [v]))
-            if not _broadcasts(pred.shape, w.shape) or not _broadcasts(pred.shape, v.shape):
+            if not _broadcasts(pred.shape, v.shape, w.shape):  # all three together
                 continue
             out = b.select(pred, v, w)
         pool.append(out)
@@ -98,9 +98,9 @@ def graphs(draw):
     return b.build(), dt
 
 
-def _broadcasts(a: tuple[int, ...], c: tuple[int, ...]) -> bool:
+def _broadcasts(*shapes: tuple[int, ...]) -> bool:
     try:
-        np.broadcast_shapes(a, c)
+        np.broadcast_shapes(*shapes)
         return True
     except ValueError:
         return False
