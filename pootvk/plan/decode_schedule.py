@@ -19,6 +19,7 @@ attention_decode`` turns a request into sources.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from ..errors import AttentionLds, DtypeLowering, ScratchBytes, ShapeError
@@ -45,6 +46,22 @@ REG_FLOATS = 128
 #: Query rows one workgroup serves at most; a larger group is cut into row blocks.
 MAX_ROWS = 8
 MAX_ROWS_CPU = 4
+#: ... and on lavapipe from Mesa 23 on, whose LLVM path compiles the unrolled multi-row
+#: kernel far slower: first call at D=128 (Hq 8, Hkv 2) on Mesa 25.0.7 with cold caches
+#: 5.5-5.9 s at 4 rows, 2.5 s at 2, 1.6 s at 1 (Mesa 22.3 at 4 rows: the 5 s goal met); at
+#: run time 4 rows are 1.4-1.7x faster than 2 on lavapipe, so Mesa 22.3 keeps them.
+MAX_ROWS_SLOW_COMPILE = 2
+SLOW_COMPILE_MESA = 23
+
+
+def _max_rows(profile: DeviceProfile) -> int:
+    """Query rows one workgroup may serve on this device (see the constants above)."""
+    if profile.device_type != "cpu":
+        return MAX_ROWS
+    m = re.search(r"Mesa (\d+)\.", str(profile.extra.get("driver_info", "")))
+    if m and int(m.group(1)) >= SLOW_COMPILE_MESA:
+        return MAX_ROWS_SLOW_COMPILE
+    return MAX_ROWS_CPU
 COMBINE_LOCAL = 64
 KEYS_PER_ITER = 4
 LOCAL_SIZE = 256
@@ -421,8 +438,9 @@ def choose_decode_schedule(
         load_elems = 4 if all(w % 4 == 0 for w in widths) else 1
     load_elems = int(ov.pop("load_elems", load_elems))
 
-    # lavapipe: at most 4 rows (its LLVM compile of an 8-row unrolled kernel takes ~30 s)
-    max_rows = MAX_ROWS_CPU if profile.device_type == "cpu" else MAX_ROWS
+    # lavapipe: at most 4 rows (its LLVM compile of an 8-row unrolled kernel takes ~30 s),
+    # 2 on Mesa >= 23 (_max_rows)
+    max_rows = _max_rows(profile)
     rows = _rows_per_wg(p.group_rows, int(ov.pop("max_rows", max_rows)))
     # Short caches: one query row per workgroup. A kernel serving several rows keeps all
     # their query + accumulator slices in registers (the D=128 F16 kernel at 4 rows, 8 lanes

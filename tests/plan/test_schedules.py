@@ -154,3 +154,22 @@ def test_split_key_mla_schedule_fits_the_registers_and_compiles():
     src = generate(r)
     assert "ks[ksb0" in src and not PRIVATE_ARRAY.findall(src)
     assert compile_glsl(src)
+
+
+def test_lavapipe_from_mesa_23_serves_at_most_two_rows():
+    """Mesa >= 23's lavapipe compiles the unrolled multi-row decode kernel far slower (first
+    call 5.5-5.9 s at 4 rows, 2.5 s at 2 on Mesa 25.0.7): two rows there, four on 22.3 (1.4-1.7x
+    faster at run time)."""
+    import dataclasses
+
+    from pootvk.plan.decode_schedule import DecodeProblem, choose_decode_schedule
+
+    base = recorded_profile("lavapipe")
+    p = DecodeProblem(b=1, hq=8, hkv=2, lq=1, lk=256, dk=128, dv=128, scale=0.1)
+    rows = {}
+    for info in ("Mesa 22.3.6 (LLVM 15.0.6)", "Mesa 25.0.7-2~bpo12+1 (LLVM 15.0.6)",
+                 "Mesa 23.0.0", "not mesa"):
+        prof = dataclasses.replace(base, extra={**base.extra, "driver_info": info})
+        rows[info] = choose_decode_schedule(p, prof, has_subgroup_shuffle=True).rows_per_wg
+    assert rows == {"Mesa 22.3.6 (LLVM 15.0.6)": 4, "Mesa 25.0.7-2~bpo12+1 (LLVM 15.0.6)": 2,
+                    "Mesa 23.0.0": 2, "not mesa": 4}
