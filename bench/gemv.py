@@ -45,14 +45,20 @@ import json
 import math
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pootvk.benchmark import L2_FIT_BYTES, SmClock, read_ceiling, torch_available  # noqa: E402
+from pootvk.benchmark import (  # noqa: E402
+    L2_FIT_BYTES,
+    SmClock,
+    read_ceiling,
+    time_cuda_graph,
+    torch_available,
+    warm_for,
+)
 from pootvk.ir import F16, F32  # noqa: E402
 from pootvk.ops import Builder  # noqa: E402
 from pootvk.plan import MatMulRequest, choose_matmul, forced_matmul  # noqa: E402
@@ -82,13 +88,6 @@ QUICK_GEMM_VARIANTS = ((32, 32, 4, 4, 8, 1), (64, 32, 8, 4, 8, 1), (32, 32, 4, 4
 LANES_PER_UNIT = 128
 TOL = 5e-4  # normalised squared error, DESIGN.md
 GOAL = 0.7  # issue 9: >= 0.7 of the read ceiling on the three large shapes
-
-
-def _warm(fn, seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    fn()
-    while time.perf_counter() < end:
-        fn()
 
 
 def graph(k: int, n: int, dt, layout: str, rows: int = 1):
@@ -122,7 +121,7 @@ def nse(got: np.ndarray, ref: np.ndarray) -> float:
 def _time(device, dispatches, warm_s, reps, clock):
     rec = Recorder(device).record(dispatches, timestamps=True)
     try:
-        _warm(lambda: rec.submit(wait=True), warm_s)
+        warm_for(lambda: rec.submit(wait=True), warm_s)
         mhz = clock.sm_mhz()
         times = []
         for _ in range(reps):
@@ -201,27 +200,8 @@ def time_torch(k, n, dt, layout, *, warm_s, reps, calls=10, rows=1):
     x = torch.randn(rows, k, device="cuda", dtype=tdt)
     w = (torch.randn(k, n, device="cuda", dtype=tdt) if layout == "kn"
          else torch.randn(n, k, device="cuda", dtype=tdt).t())
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            x @ w
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            x @ w
-    _warm(lambda: (g.replay(), torch.cuda.synchronize()), warm_s)
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    per = []
-    for _ in range(reps):
-        e0.record()
-        g.replay()
-        e1.record()
-        e1.synchronize()
-        per.append(e0.elapsed_time(e1) * 1e3 / calls)
-    return statistics.median(per)
+    us, _ = time_cuda_graph(lambda: x @ w, calls=calls, reps=reps, warm_s=warm_s)
+    return us
 
 
 def split_variants(k: int, n: int, vec: int, units: int, quick: bool) -> list[dict]:

@@ -44,9 +44,10 @@ import pootvk  # noqa: E402
 from pootvk.benchmark import (  # noqa: E402
     SmClock,
     _public_replay,
-    _warm,
     read_ceiling,
+    time_cuda_graph,
     torch_available,
+    warm_for,
 )
 from pootvk.plan import DecodeCombineRequest, DecodeRequest, forced_schedule  # noqa: E402
 from pootvk.plan.requests import AttentionRequest  # noqa: E402
@@ -146,7 +147,7 @@ def bench_pootvk(device: Device, shape, inputs, ref, ceiling_gbps: float, itemsi
     row["request"] = main
     rec = Recorder(device).record(list(rp.recording.dispatches), timestamps=True)
     try:
-        _warm(lambda: rec.submit(wait=True), warm_s)
+        warm_for(lambda: rec.submit(wait=True), warm_s)
         row["sm_mhz"] = clock.check(f"pootvk MLA {forced or 'planner'}", sys.stdout)
         times = []
         for _ in range(reps):
@@ -197,29 +198,11 @@ def bench_torch(shape, inputs, ref, ceiling_gbps: float, itemsize: int, *, warm_
                     ("torch matmul/softmax/matmul (key materialised)", manual)):
         row: dict[str, Any] = {"series": name}
         try:
-            st = torch.cuda.Stream()
-            st.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(st):
-                for _ in range(3):
-                    first = f()
-            torch.cuda.current_stream().wait_stream(st)
-            torch.cuda.synchronize()
+            us, first = time_cuda_graph(
+                f, calls=calls, reps=reps, warm_s=warm_s,
+                after_warm=lambda name=name, row=row: row.update(
+                    sm_mhz=clock.check(name, sys.stdout)))
             row["nse"] = nse(first.float().cpu().numpy(), ref)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                for _ in range(calls):
-                    f()
-            _warm(lambda g=graph: (g.replay(), torch.cuda.synchronize()), warm_s)
-            row["sm_mhz"] = clock.check(name, sys.stdout)
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            per = []
-            for _ in range(reps):
-                e0.record()
-                graph.replay()
-                e1.record()
-                e1.synchronize()
-                per.append(e0.elapsed_time(e1) * 1e3 / calls)
-            us = statistics.median(per)
             row.update(us=us, gbps=kv_bytes(shape, itemsize) / (us * 1e3))
             row["frac"] = row["gbps"] / ceiling_gbps
             row["tflops"] = flops(shape) / (us * 1e6)

@@ -210,7 +210,7 @@ class SmClock:
         return mhz
 
 
-def _warm(fn, seconds: float) -> int:
+def warm_for(fn, seconds: float) -> int:
     """Run ``fn`` back to back for at least ``seconds`` (at least once); return the count."""
     n, end = 0, time.perf_counter() + seconds
     while True:
@@ -326,7 +326,7 @@ def bench_pootvk(device: Device, shape: Shape, dtype: str, ceiling: ReadCeiling,
     # dispatches without the per-step uploads times the kernels over resident K/V.
     rec = Recorder(device).record(list(rp.recording.dispatches), timestamps=True)
     try:
-        _warm(lambda: rec.submit(wait=True), warm_s)
+        warm_for(lambda: rec.submit(wait=True), warm_s)
         row.sm_mhz = clock.check(f"pootvk {shape_text(shape)} {dtype}", out)
         attn, gpu, wall = [], [], []
         for _ in range(reps):
@@ -376,7 +376,7 @@ def empty_submit_us(device: Device, reps: int) -> float:
     """Median wall time of submit + fence wait of a recorded command buffer with no dispatch."""
     rec = Recorder(device).record([])
     try:
-        _warm(lambda: rec.submit(wait=True), 0.05)
+        warm_for(lambda: rec.submit(wait=True), 0.05)
         walls = []
         for _ in range(reps):
             t0 = time.perf_counter()
@@ -409,7 +409,7 @@ def host_overhead(device: Device, shape: Shape, *, warm_s: float, reps: int) -> 
             "pos": np.int32(lk - 1),
         }
         floor = empty_submit_us(device, reps)
-        _warm(lambda: rp.step(values), warm_s)
+        warm_for(lambda: rp.step(values), warm_s)
         wall, gpu, sub = [], [], []
         for _ in range(reps):
             t0 = time.perf_counter()
@@ -459,6 +459,39 @@ def torch_available() -> str | None:
     return None
 
 
+def time_cuda_graph(f, *, calls: int, reps: int, warm_s: float, after_warm=None):
+    """Median microseconds per call of ``f`` (a torch CUDA function): 3 eager calls on a side
+    stream (what capture needs first), ``calls`` calls captured in one CUDA graph, replayed
+    back to back for ``warm_s`` (the GPU clocks up), then ``reps`` replays timed with CUDA
+    events. ``after_warm()`` runs between warm-up and timing (an SM-clock check). Returns
+    ``(us, the first eager output)``."""
+    import torch
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            first = f()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            f()
+    warm_for(lambda: (graph.replay(), torch.cuda.synchronize()), warm_s)
+    if after_warm is not None:
+        after_warm()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    per_call = []
+    for _ in range(reps):
+        e0.record()
+        graph.replay()
+        e1.record()
+        e1.synchronize()
+        per_call.append(e0.elapsed_time(e1) * 1e3 / calls)
+    return statistics.median(per_call), first
+
+
 def bench_torch(shape: Shape, dtype: str, ceiling: ReadCeiling, *, warm_s: float, reps: int,
                 clock: SmClock, calls: int = 10, out=None) -> Row:
     """``F.scaled_dot_product_attention(q, k, v, enable_gqa=True)``: ``calls`` launches
@@ -474,31 +507,14 @@ def bench_torch(shape: Shape, dtype: str, ceiling: ReadCeiling, *, warm_s: float
     def f():
         return F.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True)
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            first = f()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
+    def clock_check() -> None:
+        row.sm_mhz = clock.check(f"torch {shape_text(shape)} {dtype}", out)
+
+    us, first = time_cuda_graph(f, calls=calls, reps=reps, warm_s=warm_s, after_warm=clock_check)
     row.nse = nse(first.float().cpu().numpy(), reference(q, k, v))
     row.check_ok = row.nse <= TOL
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            f()
-    _warm(lambda: (graph.replay(), torch.cuda.synchronize()), warm_s)
-    row.sm_mhz = clock.check(f"torch {shape_text(shape)} {dtype}", out)
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    per_call = []
-    for _ in range(reps):
-        e0.record()
-        graph.replay()
-        e1.record()
-        e1.synchronize()
-        per_call.append(e0.elapsed_time(e1) * 1e3 / calls)
     row.reps = reps
-    _fill(row, statistics.median(per_call), ceiling)
+    _fill(row, us, ceiling)
     return row
 
 
