@@ -30,7 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pootvk.benchmark import read_ceiling  # noqa: E402
+from pootvk.benchmark import SmClock, read_ceiling  # noqa: E402
 from pootvk.plan.decode_schedule import (  # noqa: E402
     DecodeProblem,
     DecodeRequest,
@@ -51,31 +51,6 @@ TOL = 5e-4
 
 
 # --- clocks ---------------------------------------------------------------------------------
-
-
-class Clock:
-    """The SM clock through NVML, when pynvml imports (None otherwise)."""
-
-    def __init__(self) -> None:
-        self.h = None
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            self.nv = pynvml
-            self.h = pynvml.nvmlDeviceGetHandleByIndex(0)
-            self.max_mhz = pynvml.nvmlDeviceGetMaxClockInfo(self.h, pynvml.NVML_CLOCK_SM)
-        except Exception as e:  # noqa: BLE001
-            print(f"# NVML unavailable: {e}")
-            self.max_mhz = None
-
-    def sm_mhz(self) -> int | None:
-        if self.h is None:
-            return None
-        try:
-            return int(self.nv.nvmlDeviceGetClockInfo(self.h, self.nv.NVML_CLOCK_SM))
-        except Exception:  # noqa: BLE001
-            return None
 
 
 # --- data -----------------------------------------------------------------------------------
@@ -363,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     shapes = [(tuple(int(x) for x in s.split(",")), d.split("+") if d else
                args.dtypes.split(",")) for s, d in specs]
     device = Device()
-    clock = Clock()
+    clock = SmClock(device.name)
     print(f"# device: {device.name} ({device.profile.device_type}, "
           f"{device.profile.extra.get('driver_info')}), CUs={device.profile.compute_units}, "
           f"max SM clock {clock.max_mhz} MHz", flush=True)

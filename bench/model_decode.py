@@ -32,6 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from pootvk.benchmark import SmClock  # noqa: E402
 from pootvk.llm import LlamaConfig, LlamaModel, OracleLlama, random_weights  # noqa: E402
 
 TOL = 5e-4
@@ -52,20 +53,8 @@ def warm(model: LlamaModel, seconds: float) -> None:
         token = int(np.argmax(model.step(token)))
 
 
-def sm_clock() -> str:
-    """The SM clock through NVML where it imports (else 'n/a')."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        h = pynvml.nvmlDeviceGetHandleByIndex(0)
-        return f"{pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)} MHz"
-    except Exception:  # noqa: BLE001
-        return "n/a"
-
-
 def run_mode(model: LlamaModel, steps: int, warmup: int, rerecord: bool,
-             warm_s: float = 0.0) -> dict:
+             warm_s: float = 0.0, clock: SmClock | None = None) -> dict:
     warm(model, warm_s)
     model.reset()
     token = 1
@@ -92,7 +81,7 @@ def run_mode(model: LlamaModel, steps: int, warmup: int, rerecord: bool,
         "gpu_ms": None if gpu is None else gpu * 1e3,
         "host_ms": None if gpu is None else (wall - gpu) * 1e3,
         "recordings": model.recordings,
-        "sm_clock": sm_clock(),
+        "sm_mhz": None if clock is None else clock.sm_mhz(),
     }
 
 
@@ -141,15 +130,16 @@ def main(argv: list[str] | None = None) -> int:
         if worst > TOL:
             print("FAIL: logits out of tolerance", file=sys.stderr)
             return 1
+    clock = SmClock(model.program.device.profile.name)
     results = {}
     for mode, rer in (("replay", False), ("rerecord", True)):
-        r = run_mode(model, a.steps, a.warmup, rer, a.warm)
+        r = run_mode(model, a.steps, a.warmup, rer, a.warm, clock)
         results[mode] = r
         gpu = "n/a" if r["gpu_ms"] is None else f"{r['gpu_ms']:.3f}"
         host = "n/a" if r["host_ms"] is None else f"{r['host_ms']:.3f}"
         print(f"{mode:<9} {r['tokens_per_s']:9.1f} tokens/s  wall {r['wall_ms']:8.3f} ms/token"
               f"  gpu {gpu} ms  host {host} ms  (recordings so far {r['recordings']}; "
-              f"SM clock {r['sm_clock']})")
+              f"SM clock {'n/a' if r['sm_mhz'] is None else str(r['sm_mhz']) + ' MHz'})")
     rp, rr = results["replay"], results["rerecord"]
     if rp["host_ms"] is not None and rr["host_ms"] is not None:
         print(f"host time per token: replay {rp['host_ms']:.3f} ms vs re-record "
