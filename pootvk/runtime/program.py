@@ -115,9 +115,15 @@ class Program:
         """(kernel label, device ns) of every dispatch of the last call (``timestamps=True``)."""
         return self._replay.dispatch_times_ns()
 
-    def rerecord(self) -> None:
-        """Record the command buffer again (the benchmark's record-every-step baseline)."""
-        self._replay.rerecord()
+    def rerecord(self, program_order: bool | None = None) -> None:
+        """Record the command buffer again (the benchmark's record-every-step baseline);
+        ``program_order`` True/False switches to the plan's order / level order."""
+        self._replay.rerecord(program_order)
+
+    @property
+    def barriers(self) -> int:
+        """Compute->compute barriers recorded between one call's dispatches."""
+        return self._replay.barriers
 
     def close(self) -> None:
         self._replay.close()
