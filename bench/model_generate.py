@@ -17,7 +17,9 @@ Reported, for one device in one run:
   fraction of the read ceiling the whole step reaches: (weight bytes + K/V bytes of the
   live prefix) / step time / the device's measured read GB/s. tokens/s and the fraction
   come from the model's own recording (wall time per step: an upper bound on its GPU time,
-  so the fraction is a lower bound); the GPU time and its split come from the same graph
+  so the fraction is a lower bound); "step GPU" is that recording's own GPU time (one
+  timestamp before its first and one after its last dispatch: wall minus it is the host's
+  share of a step); the GPU time and its split come from the same graph
   recorded with a timestamp after every dispatch (sharing the model's buffers), which adds
   a cost of its own per dispatch;
 * the plan: kernels (dispatches) per decode step and per layer, and the compute->compute
@@ -150,11 +152,15 @@ def bench_decode(model: LlamaModel, timed: Program, pos: int, warm_s: float, ste
         if time.perf_counter() >= end:
             break
     walls: list[float] = []
+    steps_gpu: list[float] = []  # the model's own recording: timestamps around it only
     token = 1
     for _ in range(steps):
         t0 = time.perf_counter()
         logits = model.step(token)
         walls.append(time.perf_counter() - t0)
+        g = model.program.gpu_time_ns()
+        if g:
+            steps_gpu.append(g * 1e-9)
         token = int(np.argmax(logits))
     gpus: list[float] = []
     disp: list[list[float]] = []
@@ -178,7 +184,9 @@ def bench_decode(model: LlamaModel, timed: Program, pos: int, warm_s: float, ste
     # dispatch costs time of its own: ``gpu_ms`` is the timed twin's), so this fraction is
     # a lower bound on what the step reaches
     frac = read / wall / (ceiling_gbps * 1e9) if ceiling_gbps else None
+    step_gpu = statistics.median(steps_gpu) if steps_gpu else None
     return {"position": pos, "tokens_per_s": 1 / wall, "wall_ms": wall * 1e3,
+            "step_gpu_ms": None if step_gpu is None else step_gpu * 1e3,
             "gpu_ms": None if gpu is None else gpu * 1e3, "families_ms": fam,
             "read_bytes": read, "read_fraction": frac}
 
@@ -323,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
             layers=2, q_heads=3, kv_heads=1, head_dim=32, hidden=96, intermediate=256,
             vocab=512, capacity=cap, weight_dtype="float16", tied_embeddings=True)
         weights = random_weights(cfg, seed=0)
-        model = LlamaModel(cfg, weights, a.device)
+        model = LlamaModel(cfg, weights, a.device, timestamps="bounds")
         source = "random weights"
     else:
         from pootvk.llm.gguf import load_gguf
@@ -331,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         gm = load_gguf(a.model, capacity=cap)
         cfg = replace(gm.config, tied_embeddings=gm.tied_embeddings)
         weights = {n: x for n, x in gm.weights.items() if n in cfg.weight_shapes()}
-        model = LlamaModel(cfg, weights, a.device)
+        model = LlamaModel(cfg, weights, a.device, timestamps="bounds")
         path, source = str(gm.path), str(gm.path)
     build_s = time.perf_counter() - t0
     dev = model.device
@@ -367,12 +375,14 @@ def main(argv: list[str] | None = None) -> int:
         prog.rerecord(program_order=False)
     print("decode:")
     print(f"  {'order':>7} {'barriers':>8} {'position':>8} {'tokens/s':>9} {'wall ms':>8} "
-          f"{'GPU ms':>8} " + " ".join(f"{f:>18}" for f in FAMILIES) + f" {'read ceiling':>12}")
+          f"{'step GPU':>8} {'GPU ms':>8} " + " ".join(f"{f:>18}" for f in FAMILIES)
+          + f" {'read ceiling':>12}")
     for r in dec:
         g = "n/a" if r["gpu_ms"] is None else f"{r['gpu_ms']:.3f}"
+        sg = "n/a" if r["step_gpu_ms"] is None else f"{r['step_gpu_ms']:.3f}"
         fr = "n/a" if r["read_fraction"] is None else f"{r['read_fraction']:.1%}"
         print(f"  {r['order']:>7} {r['barriers']:>8} {r['position']:>8} "
-              f"{r['tokens_per_s']:>9.1f} {r['wall_ms']:>8.3f} {g:>8} "
+              f"{r['tokens_per_s']:>9.1f} {r['wall_ms']:>8.3f} {sg:>8} {g:>8} "
               + " ".join(f"{r['families_ms'][f]:>15.3f} ms" for f in FAMILIES) + f" {fr:>12}")
     peers: dict[str, dict | str] = {}
     for name, fn in (("torch", lambda: bench_torch(cfg, weights, a.prompt, positions,

@@ -24,7 +24,7 @@ from ..errors import BindError, Closed
 from ..ir import Graph, SlotKind
 from ..ir.bind import check_bind
 from ..plan import Plan
-from ..vk import Device
+from ..vk import Device, Timestamps
 from . import build_replay, resolve_device
 
 
@@ -34,7 +34,7 @@ class Program:
     from several threads run one at a time (a call's binds and its step are not split)."""
 
     def __init__(self, graph: Graph, device: Device | int | str | None = None, *,
-                 timestamps: bool = False, share: Program | None = None) -> None:
+                 timestamps: Timestamps = False, share: Program | None = None) -> None:
         self.graph = graph
         self.device = share.device if share is not None and device is None \
             else resolve_device(device)
@@ -108,7 +108,8 @@ class Program:
         return self._replay.read_state(name)
 
     def gpu_time_ns(self) -> float | None:
-        """GPU time of the last call (``timestamps=True``)."""
+        """GPU time of the last call (``timestamps=True`` or ``"bounds"``: the latter
+        brackets the whole step only, so it is the step's time as it runs untimed)."""
         return self._replay.gpu_time_ns()
 
     def dispatch_times_ns(self) -> list[tuple[str, float]] | None:
@@ -136,7 +137,7 @@ class Program:
 
 
 def compile_program(graph: Graph, device: Device | int | str | None = None, *,
-                    timestamps: bool = False, share: Program | None = None) -> Program:
+                    timestamps: Timestamps = False, share: Program | None = None) -> Program:
     """Compile, plan and record ``graph`` for ``device`` (None: the default device, or
     ``share``'s); exported as ``pootvk.compile``. ``share``: bind that Program's param and
     state buffers (see the module docstring)."""

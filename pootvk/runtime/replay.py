@@ -31,7 +31,7 @@ from ..ir.bind import check_bind
 from ..ir.dtypes import device_bytes, device_numpy, from_device
 from ..ir.prims import INDEX_GUARD
 from ..plan import BufferRole, Location, Plan
-from ..vk import Buffer, BufferRange, Device, Dispatch, Recorder, Recording
+from ..vk import Buffer, BufferRange, Device, Dispatch, Recorder, Recording, Timestamps
 
 
 class _Resources:
@@ -71,7 +71,7 @@ class Replay:
     collection) frees its buffers and recording; use after close raises Closed."""
 
     def __init__(
-        self, device: Device, plan: Plan, spirv: list[bytes], *, timestamps: bool = False,
+        self, device: Device, plan: Plan, spirv: list[bytes], *, timestamps: Timestamps = False,
         share: Replay | None = None, program_order: bool | None = None,
     ) -> None:
         self.device, self.plan = device, plan

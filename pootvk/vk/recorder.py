@@ -11,7 +11,7 @@ leaves nothing half-built.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import vulkan as vk
 
@@ -127,6 +127,11 @@ def validate_dispatch(device: Device, d: Dispatch, index: int) -> None:
         raise GridLimit(g[0] * g[1] * g[2], mx[0], mx[1])
 
 
+#: A recording's timestamps: True (after every dispatch), "bounds" (first and last only) or
+#: False (none).
+Timestamps = bool | Literal["bounds"]
+
+
 class Recorder:
     """Builds Recordings on one device."""
 
@@ -137,11 +142,15 @@ class Recorder:
         self,
         dispatches: list[Dispatch],
         *,
-        timestamps: bool = False,
+        timestamps: Timestamps = False,
         uploads: list[tuple[Buffer, Buffer, int]] = (),  # type: ignore[assignment]
         program_order: bool | None = None,
     ) -> Recording:
         """Validate every dispatch, then record them into one command buffer.
+
+        ``timestamps``: True, a timestamp after every dispatch (per-dispatch times, at a
+        cost of their own); ``"bounds"``, one before the first and one after the last (the
+        step's GPU time as it runs untimed); False, none.
 
         Dispatches are recorded level by level (:func:`~pootvk.vk.hazards.level_order`:
         fewest barriers, same results) unless ``program_order`` (None: the device config's
@@ -200,14 +209,15 @@ class Recording(Owned):
         self,
         device: Device,
         dispatches: list[Dispatch],
-        timestamps: bool,
+        timestamps: Timestamps,
         uploads: list[tuple[Buffer, Buffer, int]] | None = None,
         *,
         program_order: bool = False,
     ) -> None:
         self.dispatches = dispatches
         self.uploads = uploads or []
-        self.timestamps = timestamps and device.timestamp_valid_bits > 0
+        self.timestamps = bool(timestamps) and device.timestamp_valid_bits > 0
+        self.bounds_only = timestamps == "bounds"  # no timestamp between dispatches
         self.program_order = program_order
         self.order: tuple[int, ...] = (
             tuple(range(len(dispatches))) if program_order else level_order(dispatches)
@@ -221,7 +231,7 @@ class Recording(Owned):
         self._submitted = False
         #: What DeviceTimeout names: the dispatches' labels.
         self.label = "+".join(d.label or f"#{i}" for i, d in enumerate(dispatches)) or "empty"
-        self._n_queries = len(dispatches) + 1
+        self._n_queries = 2 if self.bounds_only else len(dispatches) + 1
         super().__init__(device)
 
     @property
@@ -337,10 +347,13 @@ class Recording(Owned):
                                       0, 4 * len(d.push), words)
             gx, gy, gz = (int(x) for x in d.groups)
             vk.vkCmdDispatch(cb, gx, gy, gz)
-            if self.timestamps:
+            if self.timestamps and not self.bounds_only:
                 vk.vkCmdWriteTimestamp(
                     cb, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, self.query_pool, n + 1
                 )
+        if self.timestamps and self.bounds_only:
+            vk.vkCmdWriteTimestamp(cb, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT,
+                                   self.query_pool, 1)
         # Results must be visible to host reads and to staging copies after the fence.
         self._barrier(
             compute, vk.VK_PIPELINE_STAGE_HOST_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT,
@@ -422,11 +435,11 @@ class Recording(Owned):
 
     def dispatch_times_ns(self) -> list[float] | None:
         """Per-dispatch device time of the last submit, indexed like ``dispatches`` (None
-        without timestamps): the time from the timestamp before a dispatch in the recorded
-        order to the one after it. Dispatches that overlap (no barrier between them) split
-        their time this way too; the sum is the submit's first-to-last time."""
+        without per-dispatch timestamps): the time from the timestamp before a dispatch in
+        the recorded order to the one after it. Dispatches that overlap (no barrier between
+        them) split their time this way too; the sum is the submit's first-to-last time."""
         ts = self._timestamps()
-        if ts is None:
+        if ts is None or self.bounds_only:
             return None
         period = self.device.profile.timestamp_period_ns
         out = [0.0] * len(self.dispatches)

@@ -94,6 +94,23 @@ def test_dependent_dispatches_sub_ranges_and_timestamps(device, add) -> None:
         assert sum(per) == pytest.approx(t)
     finally:
         rec.destroy()
+    # "bounds": two timestamps around the whole step, no per-dispatch times
+    arena.write(r[3].offset, np.zeros(N, np.float32))
+    rec = Recorder(device).record(
+        [
+            Dispatch(add, (r[0], r[1], r[2]), groups(N), "c"),
+            Dispatch(add, (r[2], r[1], r[3]), groups(N), "d"),
+        ],
+        timestamps="bounds",
+    )
+    try:
+        rec.submit()
+        np.testing.assert_array_equal(arena.read_array(r[3].offset, N, np.float32), x + 1.0)
+        t = rec.gpu_time_ns()
+        assert t is not None and t > 0 and rec._n_queries == 2
+        assert rec.dispatch_times_ns() is None
+    finally:
+        rec.destroy()
         arena.destroy()
 
 
