@@ -12,7 +12,7 @@ from .attention_form import (
 )
 from .dtypes import BF16, BOOL, F16, F32, I32, U32, DType, from_numpy
 from .graph import Eqn, Graph, Literal, Params, Slot, SlotKind, UseInfo, Var
-from .linear_form import LinearForm
+from .linear_form import LinearForm, LinearPrologue
 from .prims import (
     PRIMS,
     CompareOp,
@@ -28,7 +28,7 @@ from .rules import RuleTable
 
 __all__ = [
     "BF16", "BOOL", "F16", "F32", "I32", "U32", "DType", "from_numpy",
-    "AttentionForm", "LinearForm", "KeyLayout", "MaskKind", "attention_operands",
+    "AttentionForm", "LinearForm", "LinearPrologue", "KeyLayout", "MaskKind", "attention_operands",
     "check_attention", "form_for",
     "Eqn", "Graph", "Literal", "Params", "Slot", "SlotKind", "UseInfo", "Var",
     "PRIMS", "CompareOp", "Prim", "ReduceOp", "UnaryOp", "fused", "prims",

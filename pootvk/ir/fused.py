@@ -169,6 +169,15 @@ def _type_nodes(
     return (body.out.shape, body.out.dtype), read
 
 
+def type_reading(
+    body: FusedBody, operands: Sequence[Var], reduced: Aval | None
+) -> tuple[Aval, set[int]]:
+    """The (shape, dtype) of a body whose leaves read operands (each at most once) and, where
+    ``reduced`` is given, a ``REDUCED`` value of that type; and the operands it reads (a
+    ``Linear`` epilogue: ``REDUCED`` is the matmul's value)."""
+    return _type_nodes(body, operands, reduced)
+
+
 def type_body(body: FusedBody, operands: Sequence[Var]) -> Aval:
     """The (shape, dtype) of a body whose leaves read every operand, each once, in order
     (leaf ``j`` reads operand ``j``: the form ``passes.fuse`` builds)."""

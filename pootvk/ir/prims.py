@@ -16,9 +16,9 @@ import numpy as np
 
 from ..errors import ShapeError
 from .attention_form import AttentionForm, check_form_operands
-from .dtypes import BOOL, F32, I32, DType
+from .dtypes import BOOL, I32, DType
 from .graph import Eqn, Graph, Literal, Params, Var
-from .linear_form import LinearForm, check_linear_operands
+from .linear_form import LinearForm, type_linear
 from .rules import RuleTable
 
 Aval = tuple[tuple[int, ...], DType]
@@ -130,8 +130,10 @@ ATTENTION = Prim("Attention", None, fused=True, form=AttentionForm)
 INDEX_GUARD = Prim("IndexGuard", 1, lo=int, hi=int)
 #: The witness layout: word 0 counts the offending elements, word 1 holds one of them.
 WITNESS_SHAPE = (2,)
-#: ``a @ op(w)`` with w read in its stored layout and dtype (passes.matmul_fold makes it)
-LINEAR = Prim("Linear", 2, fused=True, form=LinearForm)
+#: ``a @ op(w)`` with w read in its stored layout and dtype (passes.matmul_fold makes it),
+#: optionally with a prologue computing ``a`` and an epilogue (passes.linear_fuse): operands
+#: ``(a-side..., w, epilogue operands...)`` (ir.linear_form)
+LINEAR = Prim("Linear", None, fused=True, form=LinearForm)
 
 shape_rules: RuleTable[Prim, ShapeRule] = RuleTable(
     "shape", lambda p, why: ShapeError(f"{why} for primitive {p}")
@@ -353,8 +355,7 @@ def _attention(xs: Sequence[Var], p: Params) -> list[Aval]:
 
 @rule(LINEAR)
 def _linear(xs: Sequence[Var], p: Params) -> list[Aval]:
-    a, b = xs
-    return [(check_linear_operands(p["form"], (a.shape, a.dtype), (b.shape, b.dtype)), F32)]
+    return [type_linear(p["form"], xs)]
 
 
 def type_eqn(prim: Prim, inputs: Sequence[Var], params: Mapping[str, Any]) -> list[Aval]:

@@ -173,19 +173,6 @@ def _scatter_update(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
     return out
 
 
-@rule(P.LINEAR)
-def _linear(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
-    """The folded matmul, computed by the rules of the chain it replaced (bit-identical):
-    Convert of the 16-bit weight, Transpose of its last two axes, MatMul."""
-    a, w = xs
-    form = p["form"]
-    if form.b_dtype is not F32:
-        w = _convert([w], Params(dtype=F32))
-    if form.transpose_b:
-        w = np.ascontiguousarray(np.swapaxes(w, -1, -2))
-    return _matmul([a, w], Params())
-
-
 @rule(P.GATHER)
 def _gather(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
     """Rows of the table; an index outside [0, V) reads the nearest row (clamped)."""

@@ -6,14 +6,16 @@ from ..ir import Graph, check_graph
 from .attention_rewrite import attention_rewrite
 from .canonicalize import canonicalize, dead_code_elimination
 from .fuse import fuse
+from .linear_fuse import linear_fuse
 from .matmul_fold import matmul_fold
 from .ranges import elide_proven_guards, gate_state_writes, value_ranges
 from .simplify import cse, fold_constants
 
 # the matmul fold runs after the attention rewrite, which matches the traced q @ k^T; fuse
-# runs last: it would hide an attention chain's elementwise steps from the rewrite
+# runs after them: it would hide an attention chain's elementwise steps from the rewrite; the
+# Linear fusion last, taking fuse's bodies whole into the Linear kernels
 PASSES = (canonicalize, cse, fold_constants, elide_proven_guards, attention_rewrite,
-          matmul_fold, canonicalize, gate_state_writes, fuse)
+          matmul_fold, canonicalize, gate_state_writes, fuse, linear_fuse)
 
 
 def compile_graph(g: Graph, *, check: bool = True) -> Graph:
@@ -29,6 +31,7 @@ def compile_graph(g: Graph, *, check: bool = True) -> Graph:
 
 __all__ = [
     "attention_rewrite", "canonicalize", "compile_graph", "cse", "dead_code_elimination",
-    "elide_proven_guards", "fold_constants", "fuse", "gate_state_writes", "matmul_fold",
+    "elide_proven_guards", "fold_constants", "fuse", "gate_state_writes", "linear_fuse",
+    "matmul_fold",
     "value_ranges",
 ]

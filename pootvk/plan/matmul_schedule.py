@@ -44,7 +44,9 @@ from dataclasses import dataclass, replace
 from enum import Enum
 
 from ..errors import DtypeLowering, ShapeError
-from ..ir import BF16, F16, F32, DType
+from ..ir import BF16, F16, F32, DType, LinearPrologue
+from ..ir.fused import FusedBody
+from ..ir.linear_form import GEMV_MAX_ROWS as _GEMV_MAX_ROWS
 from .bindings import Access, Binding
 from .profile import DeviceProfile
 from .requests import fold_grid
@@ -56,8 +58,9 @@ class MatMulKind(Enum):
     GEMM = "gemm"
 
 
-#: Rows (after batch folding) up to which the GEMV kernels run; past it the tiled GEMM.
-GEMV_MAX_ROWS = 8
+#: Rows (after batch folding) up to which the GEMV kernels run; past it the tiled GEMM (the
+#: IR's contract: passes.linear_fuse gives only these a prologue)
+GEMV_MAX_ROWS = _GEMV_MAX_ROWS
 #: GEMM defaults: K-step depth (8 where two buffers of 16-deep tiles overflow workgroup
 #: memory), and the (tile_m, tile_n, thread_m, thread_n) shapes the GPU rule walks from the
 #: largest down until the grid fills ``GEMM_FILL`` of the compute units (the H200 tune run,
@@ -135,15 +138,34 @@ class MatMulRequest:
     #: (tile, slice); > 1 writes F32 partials ``part[batch, split, m, n]`` (declared scratch)
     #: that a ``MatMulCombineRequest`` sums, so wide row segments still fill the device
     splits: int = 1
+    #: a Linear's prologue (``ir.linear_form``): A computed on load from operands ``pa{j}``
+    #: of dtypes ``pro_dtypes`` (GEMV kinds only: a row form reduces whole rows of K)
+    prologue: LinearPrologue | None = None
+    pro_dtypes: tuple[DType, ...] = ()
+    #: a Linear's epilogue: each output from the F32 sum and operands ``ye{j}`` of dtypes
+    #: ``epi_dtypes``, run where the final value is stored (the combine, with splits)
+    epilogue: FusedBody | None = None
+    epi_dtypes: tuple[DType, ...] = ()
 
     def push_constants(self) -> tuple[int, ...]:
         return ()
 
+    def a_bindings(self) -> tuple[Binding, ...]:
+        if self.prologue is None:
+            return (Binding("a", Access.READ, self.a_dtype),)
+        return tuple(Binding(f"pa{j}", Access.READ, d) for j, d in enumerate(self.pro_dtypes))
+
+    def epi_bindings(self) -> tuple[Binding, ...]:
+        return tuple(Binding(f"ye{j}", Access.READ, d) for j, d in enumerate(self.epi_dtypes))
+
     def bindings(self) -> tuple[Binding, ...]:
-        out = (Binding("part", Access.WRITE, F32) if self.splits > 1
-               else Binding("y", Access.WRITE, self.out_dtype))
-        return (Binding("a", Access.READ, self.a_dtype), Binding("b", Access.READ, self.b_dtype),
-                out)
+        """A side (``a`` or the prologue's operands), ``b``, then the epilogue's operands and
+        ``y`` (a split launch: only ``part``; its combine reads the epilogue's)."""
+        if self.splits > 1:
+            return (*self.a_bindings(), Binding("b", Access.READ, self.b_dtype),
+                    Binding("part", Access.WRITE, F32))
+        return (*self.a_bindings(), Binding("b", Access.READ, self.b_dtype),
+                *self.epi_bindings(), Binding("y", Access.WRITE, self.out_dtype))
 
     @property
     def k_chunk(self) -> int:
@@ -217,7 +239,12 @@ class MatMulRequest:
                     f"unroll={self.unroll} reduce={'subgroup' if self.subgroup else 'shared'}")
             if self.splits > 1:
                 tune += f" splits={self.splits}"
-        return f"{head} {tune} wg={self.local_size} grid={self.grid[0]}x{self.grid[1]}"
+        out = f"{head} {tune} wg={self.local_size} grid={self.grid[0]}x{self.grid[1]}"
+        if self.prologue is not None:
+            out += f" a={self.prologue.describe()}"
+        if self.epilogue is not None and self.splits == 1:
+            out += f" y={self.epilogue}"
+        return out
 
 
 #: Invocations per workgroup of the split-K combine.
@@ -245,13 +272,14 @@ class MatMulCombineRequest:
         return ()
 
     def bindings(self) -> tuple[Binding, ...]:
-        return (Binding("part", Access.READ, F32),
+        return (Binding("part", Access.READ, F32), *self.partial.epi_bindings(),
                 Binding("y", Access.WRITE, self.partial.out_dtype))
 
     def describe(self) -> str:
         p = self.partial
+        epi = f" y={p.epilogue}" if p.epilogue is not None else ""
         return (f"matmul_combine outputs={self.outputs} splits={p.splits} "
-                f"y:{p.out_dtype.value} grid={self.grid[0]}x{self.grid[1]}")
+                f"y:{p.out_dtype.value} grid={self.grid[0]}x{self.grid[1]}{epi}")
 
 
 def combine_request(r: MatMulRequest, profile: DeviceProfile) -> MatMulCombineRequest:
@@ -472,8 +500,11 @@ def choose_matmul(
     a_shape: tuple[int, ...], b_shape: tuple[int, ...], out_shape: tuple[int, ...],
     *, transpose_b: bool, b_dtype: DType, profile: DeviceProfile,
     a_dtype: DType = F32, out_dtype: DType = F32,
+    prologue: LinearPrologue | None = None, pro_dtypes: tuple[DType, ...] = (),
+    epilogue: FusedBody | None = None, epi_dtypes: tuple[DType, ...] = (),
 ) -> MatMulRequest:
-    """The request for ``a @ op(b)`` on ``profile`` (b's shape as stored)."""
+    """The request for ``a @ op(b)`` on ``profile`` (b's shape as stored; a Linear's
+    prologue and epilogue ride along: they do not change the schedule)."""
     for dt in (a_dtype, b_dtype, out_dtype):
         if dt not in (F32, F16, BF16):
             raise DtypeLowering("MatMul", dt.value, "a float matmul kernel")
@@ -494,6 +525,8 @@ def choose_matmul(
     base = MatMulRequest(kind=kind, batch=batch, a_strides=sa, b_strides=sb, m=m, k=k, n=n,
                          transpose_b=transpose_b, b_dtype=b_dtype, a_dtype=a_dtype,
                          out_dtype=out_dtype, vec=1, lanes=1, groups=1,
+                         prologue=prologue, pro_dtypes=pro_dtypes, epilogue=epilogue,
+                         epi_dtypes=epi_dtypes,
                          subgroup=profile.subgroup_shuffle,
                          subgroup_size=max(1, profile.subgroup_size))
     nb = max(1, base.batch_size)
@@ -540,6 +573,10 @@ def check_matmul(r: MatMulRequest, profile: DeviceProfile) -> None:
     """What the generator relies on; a forced field that breaks it fails here, typed."""
     def p2(x: int) -> bool:
         return x >= 1 and x & (x - 1) == 0
+
+    if r.prologue is not None and (r.kind is MatMulKind.GEMM or r.splits > 1):
+        raise ShapeError(f"{r.kind.value} (splits={r.splits}): a Linear prologue runs in an "
+                         "unsplit GEMV (it recomputes A's whole rows per workgroup)")
 
     if r.kind is MatMulKind.GEMM:
         wa = 4 if r.a_dtype is F32 else 1

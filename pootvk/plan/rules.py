@@ -27,6 +27,7 @@ from ..ir import (
     attention_operands,
 )
 from ..ir import prims as P
+from ..ir.linear_form import split_operands
 from .bindings import Scratch
 from .decode_schedule import DecodeCombineRequest, DecodeRequest
 from .matmul_schedule import MatMulCombineRequest, MatMulRequest, choose_matmul, combine_request
@@ -140,15 +141,26 @@ def _copy_first(operand: Var, out: Var, ctx: PlanContext) -> list[KernelCall]:
 
 
 def _matmul_call(e: Eqn, ctx: PlanContext, transpose_b: bool) -> RuleResult:
-    a, b = e.inputs
-    req = choose_matmul(a.shape, b.shape, e.out.shape, transpose_b=transpose_b,
-                        b_dtype=b.dtype, a_dtype=a.dtype, out_dtype=e.out.dtype,
-                        profile=ctx.profile)
+    form = e.params["form"] if e.prim is P.LINEAR else None
+    if form is None:
+        a_ops, b, extras = (e.inputs[0],), e.inputs[1], ()
+    else:
+        a_ops, b, extras = split_operands(form, e.inputs)
+    pro = form.prologue if form is not None else None
+    epi = form.epilogue if form is not None else None
+    # A's logical shape: the prologue's value where one computes A
+    a_shape = a_ops[0].shape if pro is None else (pro.row or pro.body).out.shape
+    req = choose_matmul(a_shape, b.shape, e.out.shape, transpose_b=transpose_b,
+                        b_dtype=b.dtype, a_dtype=a_ops[0].dtype if pro is None else F32,
+                        out_dtype=e.out.dtype, profile=ctx.profile, prologue=pro,
+                        pro_dtypes=tuple(v.dtype for v in a_ops) if pro is not None else (),
+                        epilogue=epi, epi_dtypes=tuple(v.dtype for v in extras))
     if req.splits == 1:
-        return RuleResult([KernelCall(req, (a, b, e.out), str(e.prim))])
+        return RuleResult([KernelCall(req, (*a_ops, b, *extras, e.out), str(e.prim))])
     part = Scratch(req.partial_floats, F32, "matmul_partials")
-    return RuleResult([KernelCall(req, (a, b, part), str(e.prim)),
-                       KernelCall(combine_request(req, ctx.profile), (part, e.out), "combine")],
+    return RuleResult([KernelCall(req, (*a_ops, b, part), str(e.prim)),
+                       KernelCall(combine_request(req, ctx.profile), (part, *extras, e.out),
+                                  "combine")],
                       [part])
 
 

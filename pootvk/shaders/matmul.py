@@ -24,6 +24,7 @@ from dataclasses import replace
 
 from ..ir import BF16, F16, F32, DType
 from ..ir import prims as P
+from ..plan.bindings import Access
 from ..plan.matmul_schedule import (
     COMBINE_LOCAL,
     GEMM_PAD,
@@ -32,7 +33,14 @@ from ..plan.matmul_schedule import (
     MatMulKind,
     MatMulRequest,
 )
-from .common import group_id
+from .common import glsl_type, group_id
+from .linear_fusion import (
+    a_element,
+    final_value,
+    fusion_functions,
+    rounding_helpers,
+    row_reductions,
+)
 from .table import generators
 
 Emit = Callable[..., None]
@@ -77,18 +85,13 @@ def _store(r: MatMulRequest, s: str) -> str:
     return f"uint16_t(bf16_bits({s}))"
 
 
-BF16_ROUND = """uint bf16_bits(float f) {
-    uint b = floatBitsToUint(f);
-    if (isnan(f)) return (b >> 16) | 0x40u;  // a quiet NaN stays NaN
-    return (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;  // round to nearest even
-}
-"""
-
-
-def _a_vec(r: MatMulRequest, elem: str, width: int) -> str:
+def _a_vec(r: MatMulRequest, elem: str, width: int, row: int = 0) -> str:
     """``width`` consecutive A values from element index ``elem`` (a GLSL expression), as a
     float vector: one vector load of F32 A (``elem`` a multiple of ``width``), else
-    ``width`` 16-bit loads."""
+    ``width`` 16-bit loads; with a prologue, its value per element (of row ``row``)."""
+    if r.prologue is not None:
+        vals = [a_element(r, f"{elem} + {t}u", row) for t in range(width)]
+        return vals[0] if width == 1 else f"{_ftype(width)}({', '.join(vals)})"
     if r.a_dtype is F32:
         return f"a[({elem}) / {width}u]" if width > 1 else f"a[{elem}]"
     vals = [_to_f32(f"a[{elem} + {t}u]", r.a_dtype) for t in range(width)]
@@ -122,6 +125,12 @@ def _scalars(name: str, width: int) -> list[str]:
     return [name] if width == 1 else [f"{name}.{c}" for c in "xyzw"[:width]]
 
 
+def _final(r: MatMulRequest, o: str, s: str) -> str:
+    """The value stored at output ``o`` for F32 sum ``s``: the epilogue's, in the launch that
+    stores the final value (not a split's partials)."""
+    return final_value(r, o, s) if r.splits == 1 else s
+
+
 def _y_vec4(r: MatMulRequest) -> bool:
     """The GEMM stores F32 results as vec4s (every row starts on a vec4: N % 4 == 0)."""
     return (r.kind is MatMulKind.GEMM and (r.out_dtype is F32 or r.splits > 1)
@@ -143,21 +152,25 @@ def _head(r: MatMulRequest) -> str:
     y_elem = "float" if r.out_dtype is F32 or r.splits > 1 else "uint16_t"
     if _y_vec4(r):
         y_elem = "vec4"
-    if "uint16_t" in (a_elem, b_elem, y_elem):
-        ext.insert(0, "#extension GL_EXT_shader_16bit_storage : require")
-    blocks = [("a", a_elem, "readonly"), ("b", b_elem, "readonly"), ("y", y_elem, "writeonly")]
+    elems = {"a": a_elem, "b": b_elem, "y": y_elem, "part": y_elem}
+    decls = []
+    for i, bnd in enumerate(r.bindings()):
+        elem = elems.get(bnd.name, glsl_type(bnd.dtype))
+        name = "y" if bnd.name == "part" else bnd.name
+        acc = "readonly" if bnd.access is Access.READ else "writeonly"
+        decls.append(f"layout(std430, set = 0, binding = {i}) {acc} buffer B{i} "
+                     f"{{ {elem} {name}[]; }};\n")
+        if elem == "uint16_t" and "#extension GL_EXT_shader_16bit_storage : require" not in ext:
+            ext.insert(0, "#extension GL_EXT_shader_16bit_storage : require")
     src = "#version 450\n" + "".join(e + "\n" for e in ext)
     src += f"layout(local_size_x = {r.local_size}) in;\n// {r.describe()}\n"
-    for i, (name, elem, acc) in enumerate(blocks):
-        src += (f"layout(std430, set = 0, binding = {i}) {acc} buffer B{i} "
-                f"{{ {elem} {name}[]; }};\n")
+    src += "".join(decls)
     if r.b_dtype is BF16:
         src += ("vec2 bf2(uint w) {\n"
                 "    return vec2(uintBitsToFloat(w << 16), uintBitsToFloat(w & 0xffff0000u));\n"
                 "}\n")
-    if r.out_dtype is BF16 and r.splits == 1:
-        src += BF16_ROUND
-    return src
+    src += rounding_helpers(r, r.out_dtype is BF16 and r.splits == 1)
+    return src + fusion_functions(r, epilogue=r.splits == 1)
 
 
 def _batch_offsets(r: MatMulRequest, emit: Emit) -> None:
@@ -283,6 +296,7 @@ def _gemv_n(r: MatMulRequest) -> str:
 
     _batch_offsets(r, emit)
     _lane(r, emit)
+    pro_floats = row_reductions(r, emit)
     emit(f"uint nl = lane % {NL}u;  // word of n within the tile")
     emit(f"uint ks = lane / {NL}u;  // k group")
     emit(f"uint nw = tile * {NL}u + nl;")
@@ -296,7 +310,8 @@ def _gemv_n(r: MatMulRequest) -> str:
             emit(f"    {_local(bt)} w{u} = {_load(bt, f'b[bw + (kk + {u * KS}u) * {NW}u]')};")
         for u in us:
             for i in range(R):
-                emit(f"    float x{i}_{u} = {_a_vec(r, f'aoff + {i * K}u + kk + {u * KS}u', 1)};")
+                emit(f"    float x{i}_{u} = "
+                     f"{_a_vec(r, f'aoff + {i * K}u + kk + {u * KS}u', 1, i)};")
         for u in us:
             for c, piece in enumerate(_pieces(r, f"w{u}")):
                 wd = _a_width(r)
@@ -324,10 +339,12 @@ def _gemv_n(r: MatMulRequest) -> str:
 
     def write(vi: str, q: str) -> list[str]:
         return [f"uint col = (tile * {NL}u + {q}) * {E}u + {vi} % {E}u;",
-                f"if (col < {N}u) y[yoff + {vi} / {E}u * {N}u + col] = {_store(r, 's')};"]
+                f"uint o = yoff + {vi} / {E}u * {N}u + col;",
+                f"if (col < {N}u) y[o] = {_store(r, _final(r, 'o', 's'))};"]
 
     size = _fold(r, emit, values, stride=NL, count=KS, q="nl", n_slots=NL, write=write)
     return (_head(r) + (f"shared float s_red[{size}];\n" if size else "")
+            + (f"shared float s_pro[{pro_floats}];\n" if pro_floats else "")
             + "void main() {\n" + "\n".join(L) + "\n}\n")
 
 
@@ -345,6 +362,7 @@ def _gemv_t(r: MatMulRequest) -> str:
 
     _batch_offsets(r, emit)
     _lane(r, emit)
+    pro_floats = row_reductions(r, emit)
     emit(f"uint li = lane % {LPO}u;  // lane within its output's group")
     emit(f"uint g = lane / {LPO}u;  // output group")
     emit(f"uint nbase = tile * {G * J}u + g * {J}u;")
@@ -362,7 +380,7 @@ def _gemv_t(r: MatMulRequest) -> str:
             for i in range(R):
                 for c in range(per):
                     elem = f"aoff + {i * K}u + (w + {u * LPO}u) * {E}u + {c * AW}u"
-                    emit(f"    {at} x{i}_{u}_{c} = {_a_vec(r, elem, AW)};")
+                    emit(f"    {at} x{i}_{u}_{c} = {_a_vec(r, elem, AW, i)};")
         for u in us:
             for j in range(J):
                 for c, piece in enumerate(_pieces(r, f"w{u}_{j}")):
@@ -382,10 +400,12 @@ def _gemv_t(r: MatMulRequest) -> str:
 
     def write(vi: str, q: str) -> list[str]:
         return [f"uint n = tile * {G * J}u + {q} * {J}u + {vi} % {J}u;",
-                f"if (n < {N}u) y[yoff + {vi} / {J}u * {N}u + n] = {_store(r, 's')};"]
+                f"uint o = yoff + {vi} / {J}u * {N}u + n;",
+                f"if (n < {N}u) y[o] = {_store(r, _final(r, 'o', 's'))};"]
 
     size = _fold(r, emit, values, stride=1, count=LPO, q="g", n_slots=G, write=write)
     return (_head(r) + (f"shared float s_red[{size}];\n" if size else "")
+            + (f"shared float s_pro[{pro_floats}];\n" if pro_floats else "")
             + "void main() {\n" + "\n".join(L) + "\n}\n")
 
 
@@ -557,14 +577,19 @@ def _gemm(r: MatMulRequest) -> str:
         emit(f"if (row{i} < {M}u) {{")
         if _y_vec4(r):  # a column vec4 lies wholly inside N or wholly outside
             for j in range(TN4):
-                emit(f"    if (col{j} < {N}u) y[(yoff + row{i} * {N}u + col{j}) / 4u] = "
-                     f"c{i}_{j};")
+                o = f"yoff + row{i} * {N}u + col{j}"
+                val = f"c{i}_{j}"
+                if r.epilogue is not None and r.splits == 1:
+                    val = "vec4(" + ", ".join(final_value(r, f"{o} + {q}u", f"{val}.{c}")
+                                              for q, c in enumerate("xyzw")) + ")"
+                emit(f"    if (col{j} < {N}u) y[({o}) / 4u] = {val};")
             emit("}")
             continue
         for j in range(TN4):
             for q, c in enumerate("xyzw"):
-                emit(f"    if (col{j} + {q}u < {N}u) y[yoff + row{i} * {N}u + col{j} + {q}u] = "
-                     f"{_store(r, f'c{i}_{j}.{c}')};")
+                o = f"yoff + row{i} * {N}u + col{j} + {q}u"
+                emit(f"    if (col{j} + {q}u < {N}u) y[{o}] = "
+                     f"{_store(r, _final(r, o, f'c{i}_{j}.{c}'))};")
         emit("}")
     return (_head(r) + f"shared vec4 As[{2 * A_BUF}];\nshared vec4 Bs[{2 * B_BUF}];\n"
             + "void main() {\n" + "\n".join(L) + "\n}\n")
@@ -580,10 +605,18 @@ def generate_matmul_combine(c: MatMulCombineRequest) -> str:
     if y_elem == "uint16_t":
         src += "#extension GL_EXT_shader_16bit_storage : require\n"
     src += (f"layout(local_size_x = {COMBINE_LOCAL}) in;\n// {c.describe()}\n"
-            "layout(std430, set = 0, binding = 0) readonly buffer B0 { float part[]; };\n"
-            f"layout(std430, set = 0, binding = 1) writeonly buffer B1 {{ {y_elem} y[]; }};\n")
-    if r.out_dtype is BF16:
-        src += BF16_ROUND
+            "layout(std430, set = 0, binding = 0) readonly buffer B0 { float part[]; };\n")
+    for i, bnd in enumerate(r.epi_bindings()):
+        src += (f"layout(std430, set = 0, binding = {i + 1}) readonly buffer B{i + 1} "
+                f"{{ {glsl_type(bnd.dtype)} {bnd.name}[]; }};\n")
+    n_out = len(r.epi_bindings()) + 1
+    src += (f"layout(std430, set = 0, binding = {n_out}) writeonly buffer B{n_out} "
+            f"{{ {y_elem} y[]; }};\n")
+    if "uint16_t" not in src and any(b.dtype in (F16, BF16) for b in r.epi_bindings()):
+        src = src.replace("#version 450\n",
+                          "#version 450\n#extension GL_EXT_shader_16bit_storage : require\n")
+    src += rounding_helpers(r, r.out_dtype is BF16)
+    src += fusion_functions(replace(r, splits=1), epilogue=True)
     return src + f"""void main() {{
     uint o = {group_id(c.grid[0])} * {COMBINE_LOCAL}u + gl_LocalInvocationID.x;
     if (o >= {c.outputs}u) return;
@@ -591,7 +624,7 @@ def generate_matmul_combine(c: MatMulCombineRequest) -> str:
     uint base = bi * {S * mn}u + o % {mn}u;
     float s = 0.0;
     for (uint sp = 0u; sp < {S}u; ++sp) s += part[base + sp * {mn}u];
-    y[o] = {_store(replace(r, splits=1), "s")};
+    y[o] = {_store(replace(r, splits=1), _final(replace(r, splits=1), "o", "s"))};
 }}
 """
 
