@@ -5,10 +5,11 @@ the same expressions, 16-bit rounding and broadcasting as a ``Fused`` kernel) in
 GLSL functions of a linear element index, so a kernel calls them where it loads A or stores
 y, whatever its vector widths and register names:
 
-- ``a_pro(e[, red])``: element ``e`` of A's logical (contiguous, row-major) shape, from the
+- ``a_pro(row, k[, red])``: element ``k`` of row ``row`` of A's logical shape (its axes
+  but the last folded into rows, as the GEMVs fold them), from the
   prologue operands ``pa{j}`` read through their broadcast strides; a row prologue's
   ``red`` is the row's reduction, which the GEMV computes first with every lane of the
-  workgroup (``a_sq(e)``: the reduced body; lanes stride the row, then subgroup shuffles,
+  workgroup (``a_sq(row, k)``: the reduced body; lanes stride the row, then subgroup shuffles,
   then a shared-memory tree) into a named register per row (``red{i}``);
 - ``y_epi(o, acc)``: output element ``o`` from the F32 sum ``acc`` (the body's ``REDUCED``
   leaf) and the epilogue operands ``ye{j}``; its 16-bit result is left for the store to
@@ -32,17 +33,21 @@ from .prims import bcast_index
 HALF = (F16, BF16)
 
 
-def _decode(shape: tuple[int, ...], var: str) -> list[str]:
+def _decode(shape: tuple[int, ...], var: str, last: str | None) -> list[str]:
+    """``i0..`` of linear index ``var`` in ``shape``; with ``last``, ``var`` indexes the
+    rows (all axes but the last) and ``last`` is the last axis's index."""
+    if last is not None:
+        return [*_decode(shape[:-1], var, None), f"    uint i{len(shape) - 1} = {last};"]
     return [f"    uint i{d} = ({var} / {st}u) % {n}u;"
             for d, (n, st) in enumerate(zip(shape, strides(shape), strict=True))]
 
 
 def _function(name: str, args: str, body: FusedBody, shape: tuple[int, ...], buf: str,
-              index: str, reduced: str | None, stored: bool) -> str:
+              index: tuple[str, str | None], reduced: str | None, stored: bool) -> str:
     lines, result, _ = body_lines(
         body, lambda j, leaf: f"{buf}{j}[{bcast_index(leaf.shape, len(shape))}]", reduced,
         stored=stored)
-    return (f"float {name}({args}) {{\n" + "\n".join(_decode(shape, index)) + "\n"
+    return (f"float {name}({args}) {{\n" + "\n".join(_decode(shape, *index)) + "\n"
             + "\n".join(lines) + f"\n    return {result};\n}}\n")
 
 
@@ -70,22 +75,26 @@ def fusion_functions(r: MatMulRequest, epilogue: bool) -> str:
     pro = r.prologue
     if pro is not None:
         shape = (pro.row or pro.body).out.shape
+        rk = ("row", "k")
         if pro.row is None:
-            src += _function("a_pro", "uint e", pro.body, shape, "pa", "e", None, True)
-        else:
-            src += _function("a_sq", "uint e", pro.body, shape, "pa", "e", None, False)
-            src += _function("a_pro", "uint e, float red", pro.row, shape, "pa", "e", "red",
+            src += _function("a_pro", "uint row, uint k", pro.body, shape, "pa", rk, None,
                              True)
+        else:
+            src += _function("a_sq", "uint row, uint k", pro.body, shape, "pa", rk, None,
+                             False)
+            src += _function("a_pro", "uint row, uint k, float red", pro.row, shape, "pa",
+                             rk, "red", True)
     if epilogue and r.epilogue is not None:
         src += _function("y_epi", "uint o, float acc", r.epilogue, r.epilogue.out.shape,
-                         "ye", "o", "acc", True)
+                         "ye", ("o", None), "acc", True)
     return src
 
 
-def a_element(r: MatMulRequest, elem: str, row: int) -> str:
-    """A's element at linear index ``elem`` (row ``row`` of this workgroup's rows)."""
+def a_element(r: MatMulRequest, k: str, row: int) -> str:
+    """A's element ``k`` of row ``row`` of this workgroup's rows (``aoff`` starts them)."""
     assert r.prologue is not None
-    return f"a_pro({elem})" if r.prologue.row is None else f"a_pro({elem}, red{row})"
+    at = f"aoff / {r.k}u + {row}u, {k}"
+    return f"a_pro({at})" if r.prologue.row is None else f"a_pro({at}, red{row})"
 
 
 def final_value(r: MatMulRequest, o: str, s: str) -> str:
@@ -110,7 +119,7 @@ def row_reductions(r: MatMulRequest, emit: Callable[[str], None]) -> int:
         emit(f"float red{i};  // row {i}: the prologue's Sum over K")
         emit("{")
         emit("    float s = 0.0;")
-        emit(f"    for (uint k = lane; k < {r.k}u; k += {wg}u) s += a_sq(aoff + {i * r.k}u + k);")
+        emit(f"    for (uint k = lane; k < {r.k}u; k += {wg}u) s += a_sq(aoff / {r.k}u + {i}u, k);")
         off = 1
         while off < fold:
             emit(f"    s += subgroupShuffleXor(s, {off}u);")

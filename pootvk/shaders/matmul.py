@@ -85,12 +85,13 @@ def _store(r: MatMulRequest, s: str) -> str:
     return f"uint16_t(bf16_bits({s}))"
 
 
-def _a_vec(r: MatMulRequest, elem: str, width: int, row: int = 0) -> str:
+def _a_vec(r: MatMulRequest, elem: str, width: int, row: int = 0, k: str = "") -> str:
     """``width`` consecutive A values from element index ``elem`` (a GLSL expression), as a
     float vector: one vector load of F32 A (``elem`` a multiple of ``width``), else
-    ``width`` 16-bit loads; with a prologue, its value per element (of row ``row``)."""
+    ``width`` 16-bit loads; with a prologue, its value per element (``k`` along row
+    ``row``)."""
     if r.prologue is not None:
-        vals = [a_element(r, f"{elem} + {t}u", row) for t in range(width)]
+        vals = [a_element(r, f"{k} + {t}u", row) for t in range(width)]
         return vals[0] if width == 1 else f"{_ftype(width)}({', '.join(vals)})"
     if r.a_dtype is F32:
         return f"a[({elem}) / {width}u]" if width > 1 else f"a[{elem}]"
@@ -311,7 +312,7 @@ def _gemv_n(r: MatMulRequest) -> str:
         for u in us:
             for i in range(R):
                 emit(f"    float x{i}_{u} = "
-                     f"{_a_vec(r, f'aoff + {i * K}u + kk + {u * KS}u', 1, i)};")
+                     f"{_a_vec(r, f'aoff + {i * K}u + kk + {u * KS}u', 1, i, f'kk + {u * KS}u')};")
         for u in us:
             for c, piece in enumerate(_pieces(r, f"w{u}")):
                 wd = _a_width(r)
@@ -379,8 +380,9 @@ def _gemv_t(r: MatMulRequest) -> str:
         for u in us:
             for i in range(R):
                 for c in range(per):
-                    elem = f"aoff + {i * K}u + (w + {u * LPO}u) * {E}u + {c * AW}u"
-                    emit(f"    {at} x{i}_{u}_{c} = {_a_vec(r, elem, AW, i)};")
+                    kw = f"(w + {u * LPO}u) * {E}u + {c * AW}u"
+                    xv = _a_vec(r, f"aoff + {i * K}u + {kw}", AW, i, kw)
+                    emit(f"    {at} x{i}_{u}_{c} = {xv};")
         for u in us:
             for j in range(J):
                 for c, piece in enumerate(_pieces(r, f"w{u}_{j}")):
