@@ -144,3 +144,34 @@ def test_prefill_gemm_keeps_its_norm_and_fuses_swiglu_and_residual(device):
     c = compile_graph(g)
     assert c.count(P.LINEAR) == 3 and len(c.eqns) == 4, c
     assert sum(isinstance(r, MatMulRequest) for r in reqs) == 3
+
+
+def test_one_buffer_read_by_the_prologue_and_the_epilogue(device):
+    """``x + rmsnorm(x) @ W``: x is a prologue operand and the epilogue's residual."""
+    b = Builder()
+    x = b.input("x", (1, 48))
+    w = b.param("w", (48, 48), F16)
+    y = b.matmul(rms_norm(b, x, b.param("g", (48,))), b.transpose(b.convert(w, F32), (1, 0)))
+    b.export("y", b.add(x, y))
+    g = b.build()
+    (r,) = check(device, g)
+    assert [bd.name for bd in r.bindings()] == ["pa0", "pa1", "b", "ye0", "y"]
+    c = compile_graph(g)
+    (lin,) = c.eqns
+    assert lin.inputs[0] is lin.inputs[3]  # the same x, bound twice
+
+
+@pytest.mark.parametrize("kind", ["gemv_n", "gemm"])
+def test_batched_weights(device, kind):
+    """A batched F32 matmul (weights with a batch dim: per-batch strides, no row folding)
+    becomes a Linear with a prologue (GEMV) and an epilogue (both)."""
+    rows = 3 if kind == "gemv_n" else 20
+    b = Builder()
+    x = b.input("x", (2, rows, 16))
+    y = b.matmul(b.unary("Tanh", x), b.param("w", (2, 16, 12)))
+    b.export("y", b.mul(y, b.input("s", (1, 1, 12))))
+    g = b.build()
+    fields = {"tile_m": 32, "tile_n": 32, "tile_k": 8} if kind == "gemm" else {}
+    (r,) = linears(check(device, g, kind, **fields))
+    assert r.batch == (2,) and r.epilogue is not None
+    assert (r.prologue is not None) == (kind == "gemv_n")
