@@ -559,6 +559,8 @@ def choose_matmul(
         req = replace(base, vec=vec, lanes=lanes, groups=groups, outs=outs, unroll=2)
     else:
         req = _gemm(base, nb, units, cpu, profile)
+    if prologue is not None and req.splits > 1:  # a prologue's row reduction needs all of K
+        req = replace(req, splits=1)
     if f.overrides:
         req = replace(req, **dict(f.overrides))
         if req.kind is MatMulKind.GEMM and "tile_k" not in dict(f.overrides):

@@ -168,3 +168,17 @@ def test_smollm2_decode_plan_has_no_elementwise_kernel_between_linears():
     ins = random_inputs(g, np.random.default_rng(0), pos=5)
     want, got = evaluate(u, ins), evaluate(c, ins)
     assert same(want, got)
+
+
+def test_a_prologue_keeps_a_gpu_gemv_n_unsplit():
+    """4096x14336 F16 W[K, N] on the H200 is a split-K GEMV_N (plan.matmul_schedule); with
+    a norm prologue, which reduces whole rows of K per workgroup, it runs unsplit."""
+    for norm in (False, True):
+        b = Builder()
+        x = b.input("x", (1, 4096))
+        a = rms_norm(b, x, b.param("g", (4096,))) if norm else x
+        w = b.convert(b.param("w", (4096, 14336), F16), F32)
+        b.export("y", b.matmul(a, w))
+        (k, *rest) = plan_graph(compile_graph(b.build()), H200).kernels
+        assert (k.request.splits == 1) is norm and (k.request.prologue is not None) is norm
+        assert len(rest) == (0 if norm else 1)  # the combine
