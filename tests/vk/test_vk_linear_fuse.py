@@ -175,3 +175,15 @@ def test_batched_weights(device, kind):
     (r,) = linears(check(device, g, kind, **fields))
     assert r.batch == (2,) and r.epilogue is not None
     assert (r.prologue is not None) == (kind == "gemv_n")
+
+
+def test_rank3_rows_fold_through_the_prologue_and_epilogue(device):
+    """x[2, 3, K] @ W[K, N]: the batch folds into 6 GEMV rows; the prologue's operands
+    broadcast over the leading axes (a [3, K] scale), the epilogue's too ([2, 1, N])."""
+    b = Builder()
+    x = b.input("x", (2, 3, 40))
+    a = b.mul(b.unary("Tanh", x), b.input("s", (3, 40)))
+    y = b.matmul(a, b.param("w", (40, 24)))
+    b.export("y", b.sub(y, b.input("r", (2, 1, 24))))
+    (r,) = check(device, b.build(), "gemv_n")
+    assert r.m == 6 and r.batch == () and r.prologue is not None and r.epilogue is not None
