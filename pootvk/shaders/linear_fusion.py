@@ -31,6 +31,8 @@ from .fused import body_lines, round_to
 from .prims import bcast_index
 
 HALF = (F16, BF16)
+#: Row elements per lane per step of a row prologue's reduction (all loads issued first)
+REDUCE_UNROLL = 8
 
 
 def _decode(shape: tuple[int, ...], var: str, last: str | None) -> list[str]:
@@ -105,7 +107,8 @@ def final_value(r: MatMulRequest, o: str, s: str) -> str:
 
 def row_reductions(r: MatMulRequest, emit: Callable[[str], None]) -> int:
     """A row prologue's reductions, one per row of the workgroup (``red{i}``), before the
-    main loop: every lane strides the row, subgroup shuffles fold a subgroup (its size the
+    main loop: every lane strides the row (``REDUCE_UNROLL`` loads per step, issued before
+    they are summed), subgroup shuffles fold a subgroup (its size the
     request's), a shared tree the subgroups. Returns the shared floats used (``s_pro``);
     its last barrier leaves the array free for the kernel's own reduction."""
     pro = r.prologue
@@ -115,11 +118,18 @@ def row_reductions(r: MatMulRequest, emit: Callable[[str], None]) -> int:
     fold = min(r.subgroup_size, wg) if r.subgroup else 1
     parts = wg // fold
     dt: DType = pro.body.out.dtype
+    unroll = min(REDUCE_UNROLL, -(-r.k // wg))
     for i in range(r.m):
         emit(f"float red{i};  // row {i}: the prologue's Sum over K")
         emit("{")
         emit("    float s = 0.0;")
-        emit(f"    for (uint k = lane; k < {r.k}u; k += {wg}u) s += a_sq(aoff / {r.k}u + {i}u, k);")
+        emit(f"    for (uint k = lane; k < {r.k}u; k += {wg * unroll}u) {{")
+        for u in range(unroll):  # loads in flight together, not one L2 round trip each
+            guard = f"if (k + {u * wg}u < {r.k}u) " if u else ""
+            emit(f"        float v{u} = 0.0;")
+            emit(f"        {guard}v{u} = a_sq(aoff / {r.k}u + {i}u, k + {u * wg}u);")
+        emit(f"        s += {' + '.join(f'v{u}' for u in range(unroll))};")
+        emit("    }")
         off = 1
         while off < fold:
             emit(f"    s += subgroupShuffleXor(s, {off}u);")
