@@ -15,6 +15,11 @@ The GEMV reductions fold the per-lane partial sums over the lanes that split the
 contraction: ``subgroupShuffleXor`` over the lane bits that lie inside one subgroup (the
 lane index is ``gl_SubgroupID * gl_SubgroupSize + gl_SubgroupInvocationID``), then the
 remaining partials through workgroup memory in rounds of at most ``RED_FLOATS`` floats.
+
+A Linear's prologue and epilogue (``shaders.linear_fusion``) replace A's loads by calls
+computing each element and wrap the value stored; a row prologue's reductions run first in
+the GEMVs, GEMV_T issuing its first step's B loads before them so the weight's DRAM latency
+overlaps the reduction.
 """
 
 from __future__ import annotations
@@ -363,7 +368,6 @@ def _gemv_t(r: MatMulRequest) -> str:
 
     _batch_offsets(r, emit)
     _lane(r, emit)
-    pro_floats = row_reductions(r, emit)
     emit(f"uint li = lane % {LPO}u;  // lane within its output's group")
     emit(f"uint g = lane / {LPO}u;  // output group")
     emit(f"uint nbase = tile * {G * J}u + g * {J}u;")
@@ -373,10 +377,11 @@ def _gemv_t(r: MatMulRequest) -> str:
         for j in range(J):
             emit(f"float acc{i}_{j} = 0.0;")
 
-    def step(us: range) -> None:
+    def step(us: range, pre: bool = False) -> None:
         for u in us:
             for j in range(J):
-                emit(f"    {_local(bt)} w{u}_{j} = {_load(bt, f'b[bw{j} + w + {u * LPO}u]')};")
+                word = f"p{u}_{j}" if pre else _load(bt, f"b[bw{j} + w + {u * LPO}u]")
+                emit(f"    {_local(bt)} w{u}_{j} = {word};")
         for u in us:
             for i in range(R):
                 for c in range(per):
@@ -392,6 +397,20 @@ def _gemv_t(r: MatMulRequest) -> str:
                     emit(f"    acc{i}_{j} += {terms};")
 
     emit("uint w = li;")
+    prefetch = r.prologue is not None and r.prologue.row is not None and (U - 1) * LPO < KW
+    if prefetch:  # the first step's B words in flight while the workgroup reduces A's rows
+        emit(f"bool first = w + {(U - 1) * LPO}u < {KW}u;")
+        for u in range(U):
+            for j in range(J):
+                zero = f"{_local(bt)}(0)" if _local(bt) != "float" else "0.0"
+                emit(f"{_local(bt)} p{u}_{j} = {zero};")
+                emit(f"if (first) p{u}_{j} = {_load(bt, f'b[bw{j} + w + {u * LPO}u]')};")
+    pro_floats = row_reductions(r, emit)
+    if prefetch:
+        emit("if (first) {  // the prefetched step")
+        step(range(U), pre=True)
+        emit(f"    w += {U * LPO}u;")
+        emit("}")
     emit(f"for (; w + {(U - 1) * LPO}u < {KW}u; w += {U * LPO}u) {{")
     step(range(U))
     emit("}")
