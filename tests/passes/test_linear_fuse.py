@@ -7,6 +7,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
 
 from pootvk.errors import ShapeError
 from pootvk.ir import F16, F32, LinearForm, check_graph, new_eqn
@@ -20,7 +21,7 @@ from pootvk.plan import plan_graph, recorded_profile
 from tests.helpers import random_inputs
 from tests.passes.test_fuse import same
 from tests.random_graphs import rms_norm
-from tests.vk.test_vk_linear_fuse import block
+from tests.vk.test_vk_linear_fuse import block, linear_chains
 
 H200 = recorded_profile("nvidia_h200")
 
@@ -182,3 +183,9 @@ def test_a_prologue_keeps_a_gpu_gemv_n_unsplit():
         (k, *rest) = plan_graph(compile_graph(b.build()), H200).kernels
         assert (k.request.splits == 1) is norm and (k.request.prologue is not None) is norm
         assert len(rest) == (0 if norm else 1)  # the combine
+
+
+@settings(max_examples=40, deadline=None)
+@given(g=linear_chains())
+def test_random_chains_keep_the_answer_bit_for_bit(g):
+    assert_keeps_answer(g)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pootvk.ir import BF16, F16, F32, DType
 from pootvk.ir import prims as P
@@ -16,7 +18,7 @@ from pootvk.oracle import evaluate
 from pootvk.passes import canonicalize, compile_graph
 from pootvk.plan import MatMulCombineRequest, MatMulRequest, forced_matmul
 from pootvk.runtime import build_replay
-from tests.helpers import assert_close, random_inputs
+from tests.helpers import assert_close, examples, random_inputs
 from tests.random_graphs import rms_norm
 
 TOL = 1e-6  # normalised squared error against the unfused oracle (F32 sums over K)
@@ -187,3 +189,48 @@ def test_rank3_rows_fold_through_the_prologue_and_epilogue(device):
     b.export("y", b.sub(y, b.input("r", (2, 1, 24))))
     (r,) = check(device, b.build(), "gemv_n")
     assert r.m == 6 and r.batch == () and r.prologue is not None and r.epilogue is not None
+
+
+@st.composite
+def linear_chains(draw: st.DrawFn):
+    """x[R, K] -> 1-4 random elementwise steps (a norm-like row step among them) -> @ W
+    (F32/F16, either layout) -> 0-3 random elementwise steps with extra inputs broadcast to
+    [R, N]; R a GEMV's or a GEMM's rows."""
+    rows = draw(st.sampled_from([1, 2, 5, 12]))
+    k, n = draw(st.sampled_from([16, 24, 40])), draw(st.sampled_from([8, 12, 20]))
+    b = Builder()
+    x = b.input("x", (rows, k))
+    a = x
+    for _ in range(draw(st.integers(1, 4))):
+        kind = draw(st.sampled_from(["unary", "binary", "row", "select", "f16"]))
+        if kind == "unary":
+            a = b.unary(draw(st.sampled_from(["Tanh", "Sigmoid", "Silu", "Neg"])), a)
+        elif kind == "binary":
+            other = b.input(f"p{len(b.slots)}", draw(st.sampled_from([(k,), (rows, 1),
+                                                                       (rows, k)])))
+            a = getattr(b, draw(st.sampled_from(["add", "mul", "max", "min"])))(a, other)
+        elif kind == "row":
+            a = rms_norm(b, a, b.param(f"g{len(b.slots)}", (k,)))
+        elif kind == "select":
+            a = b.select(b.compare("Lt", a, 0.25), a, b.mul(a, -0.5))
+        else:
+            a = b.convert(b.convert(a, F16), F32)
+    dt = draw(st.sampled_from([F32, F16]))
+    transpose = draw(st.booleans())
+    w = b.param("w", (n, k) if transpose else (k, n), dt)
+    wf = w if dt is F32 else b.convert(w, F32)
+    y = b.matmul(a, b.transpose(wf, (1, 0)) if transpose else wf)
+    for _ in range(draw(st.integers(0, 3))):
+        other = b.input(f"q{len(b.slots)}", draw(st.sampled_from([(n,), (rows, 1), (rows, n)])))
+        y = getattr(b, draw(st.sampled_from(["add", "mul", "sub"])))(y, other)
+        if draw(st.booleans()):
+            y = b.unary(draw(st.sampled_from(["Tanh", "Silu"])), y)
+    b.export("y", y)
+    return b.build()
+
+
+@settings(max_examples=examples(12), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(g=linear_chains())
+def test_random_chains_around_a_linear(device, g):
+    check(device, g)
