@@ -54,17 +54,17 @@ def single_body(e: Eqn) -> tuple[FusedBody, tuple[Var, ...]]:
     nodes: list[Node] = []
     ops: list[Var] = []
     args: list[int] = []
+    leaf: dict[Var, int] = {}  # an operand -> its leaf node
     for v in e.inputs:
         if isinstance(v, Literal):
             nodes.append(Node.literal(v.value, v.dtype))
-        elif v in ops:
-            args.append(next(i for i, n in enumerate(nodes) if n.op is Leaf.OPERAND
-                             and n.params["index"] == ops.index(v)))
+            args.append(len(nodes) - 1)
             continue
-        else:
+        if v not in leaf:
+            leaf[v] = len(nodes)
             nodes.append(Node.operand(len(ops), v.shape, v.dtype))
             ops.append(v)
-        args.append(len(nodes) - 1)
+        args.append(leaf[v])
     nodes.append(Node(e.prim, tuple(args), e.params, e.out.shape, e.out.dtype))
     return FusedBody(tuple(nodes)), tuple(ops)
 
