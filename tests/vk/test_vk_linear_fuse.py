@@ -234,3 +234,14 @@ def linear_chains(draw: st.DrawFn):
 @given(g=linear_chains())
 def test_random_chains_around_a_linear(device, g):
     check(device, g)
+
+
+def test_a_single_eqn_reading_one_value_twice_is_one_leaf(device):
+    """``(x * x) @ W``: the Mul (one eqn, not a Fused) becomes a prologue with one leaf."""
+    b = Builder()
+    x = b.input("x", (2, 32))
+    b.export("y", b.matmul(b.mul(x, x), b.param("w", (32, 8))))
+    g = b.build()
+    (r,) = check(device, g)
+    assert r.prologue is not None and r.pro_dtypes == (F32,)
+    assert str(r.prologue.body) == "Mul(x0, x0)"
