@@ -17,7 +17,7 @@ from pootvk.ops import Builder
 from pootvk.oracle import evaluate
 from pootvk.passes import PASSES, compile_graph, linear_fuse
 from pootvk.passes.fuse import MAX_OPERANDS
-from pootvk.plan import plan_graph, recorded_profile
+from pootvk.plan import plan_graph, recorded_profile, recorded_profiles
 from tests.helpers import random_inputs
 from tests.passes.test_fuse import same
 from tests.random_graphs import rms_norm
@@ -189,3 +189,30 @@ def test_a_prologue_keeps_a_gpu_gemv_n_unsplit():
 @given(g=linear_chains())
 def test_random_chains_keep_the_answer_bit_for_bit(g):
     assert_keeps_answer(g)
+
+
+@pytest.mark.parametrize("prof", list(recorded_profiles().values()), ids=lambda p: p.name)
+def test_fused_linear_kernels_compile_within_each_profiles_workgroup_memory(prof):
+    """The SmolLM2-shaped decode (1 row) and an 8-row prefill bucket on every recorded
+    profile (subgroups of 8..64 lanes, or none): each fused Linear kernel compiles and its
+    workgroup memory (row-prologue partials + the GEMV fold) fits the profile."""
+    from pootvk.llm.model import SMOLLM2_135M, trace_llama, trace_prefill
+    from pootvk.shaders.compiler import compile_glsl
+    from pootvk.shaders.generate import generate
+    from tests.shaders.test_shared_memory import workgroup_bytes
+
+    wdt = "float16" if prof.extra.get("storage_buffer_16bit") else "float32"
+    cfg = dataclasses.replace(SMOLLM2_135M, layers=1, vocab=1024, capacity=64,
+                              weight_dtype=wdt)
+    seen = set()
+    for g in (trace_llama(cfg), trace_prefill(cfg, 8)):
+        for k in plan_graph(compile_graph(g), prof).kernels:
+            r = k.request
+            if getattr(r, "prologue", None) is None and getattr(r, "epilogue", None) is None:
+                continue
+            src = generate(r)
+            if src in seen:
+                continue
+            seen.add(src)
+            assert workgroup_bytes(compile_glsl(src)) <= prof.max_workgroup_memory
+    assert len(seen) >= 5
