@@ -87,8 +87,21 @@ def _as_body(e: Eqn) -> tuple[FusedBody, tuple[Var, ...]]:
     return single_body(e)
 
 
+#: The leaves this pass knows how to renumber and the matmul kernels how to read; a body
+#: with any other kind of leaf stays its own kernel
+KNOWN_LEAVES = (Leaf.OPERAND, Leaf.LITERAL, Leaf.REDUCED)
+
+
+def _plain(*bodies: FusedBody) -> bool:
+    return all(n.op in KNOWN_LEAVES or not isinstance(n.op, Leaf)
+               for b in bodies for n in b.nodes)
+
+
 def _prologue_of(e: Eqn) -> tuple[LinearPrologue, tuple[Var, ...]] | None:
     """The prologue computing ``e``'s value, and its operands; None where none can."""
+    if e.prim in (FUSED, FUSED_ROW) and not _plain(
+            *(v for k, v in e.params.items() if k in ("body", "epilogue"))):
+        return None
     if e.prim is FUSED_ROW:
         body = e.params["body"]
         if e.params["op"] is not ReduceOp.SUM or e.params["axis"] != len(body.out.shape) - 1:
@@ -167,6 +180,8 @@ def _epilogue_of(c: Eqn, y: Var) -> tuple[FusedBody, tuple[Var, ...]] | None:
     if c.out.shape != y.shape or c.out.dtype not in OUT_DTYPES:
         return None
     body, ops = _as_body(c)
+    if not _plain(body):
+        return None
     extras = tuple(v for v in ops if v is not y)
     nodes = []
     for n in body.nodes:
