@@ -179,11 +179,11 @@ def _trace(cfg: LlamaConfig, rows: int) -> Graph:
     x = f32(b.gather(w["embed"], token))  # [rows, hidden]
     for i in range(cfg.layers):
         h = b.rms_norm(x, w[f"l{i}.attn_norm"], cfg.eps)
-        # q and k as one Linear and one RoPE over hq + hkv heads (``wqk`` packs wq over wk):
-        # one rotation chain per layer instead of two, then two slices
-        qk = b.rope(heads(linear(h, w[f"l{i}.wqk"]), hq + hkv), pos, cos, sin)
-        q = b.slice(qk, (0, 0, 0, 0), (1, hq, rows, d))
-        k = b.slice(qk, (0, hq, 0, 0), (1, hq + hkv, rows, d))
+        # q and k as one Linear (``wqk`` packs wq over wk), rotated apart: the fusion pass
+        # makes each slice + RoPE one kernel, and k's with its cache write (passes.fuse)
+        qk = heads(linear(h, w[f"l{i}.wqk"]), hq + hkv)
+        q = b.rope(b.slice(qk, (0, 0, 0, 0), (1, hq, rows, d)), pos, cos, sin)
+        k = b.rope(b.slice(qk, (0, hq, 0, 0), (1, hq + hkv, rows, d)), pos, cos, sin)
         v = heads(linear(h, w[f"l{i}.wv"]), hkv)
         if cfg.cache_dtype is not F32:
             k, v = b.convert(k, cfg.cache_dtype), b.convert(v, cfg.cache_dtype)

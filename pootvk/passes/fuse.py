@@ -37,8 +37,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir import BOOL, DType, Eqn, Graph, Literal, Params, Prim, Var
-from ..ir.fused import ELEMENTWISE, FUSED, FUSED_REDUCE, FUSED_ROW, FusedBody, Leaf, Node
-from ..ir.prims import REDUCE
+from ..ir import prims as P
+from ..ir.fused import (
+    ELEMENTWISE,
+    FUSED,
+    FUSED_REDUCE,
+    FUSED_ROW,
+    FUSED_UPDATE,
+    MOVES,
+    STATE_WRITES,
+    FusedBody,
+    Leaf,
+    Node,
+    update_parts,
+)
+from ..ir.prims import DYNAMIC_UPDATE_SLICE, REDUCE
 from .canonicalize import dead_code_elimination
 
 #: Buffers one fused kernel may read (its output is one more binding: 8 in all, the
@@ -113,21 +126,35 @@ def _fits(x: _Expr) -> bool:
     return len(ops) <= MAX_OPERANDS and len(body.nodes) <= MAX_NODES
 
 
+def _moves(x: _Expr | Var) -> bool:
+    """Whether ``x`` moves an index (a Slice or Concat node): not for a reduction's body."""
+    return isinstance(x, _Expr) and linearize(x)[0].moves
+
+
+def _body_expr(body: FusedBody, operands: tuple[Var, ...],
+               args: dict[Var, _Expr | Var]) -> _Expr:
+    """A body as an expr whose leaf ``j`` reads ``args[operands[j]]``."""
+    built: list[_Expr | Var] = []
+    for n in body.nodes:
+        if n.op is Leaf.OPERAND:
+            built.append(args[operands[n.params["index"]]])
+        elif n.op is Leaf.LITERAL:
+            built.append(Literal(n.params["value"], n.dtype))
+        else:
+            assert isinstance(n.op, Prim)  # a Fused body has no REDUCED leaf
+            built.append(_Expr(n.op, n.params, tuple(built[a] for a in n.args),
+                               n.shape, n.dtype))
+    root = built[-1]
+    if not isinstance(root, _Expr):  # a body that is one leaf: a copy of its operand
+        root = _Expr(P.CONVERT, Params(dtype=body.out.dtype), (root,), body.out.shape,
+                     body.out.dtype)
+    return root
+
+
 def _expr_of(e: Eqn, args: dict[Var, _Expr | Var]) -> _Expr:
     """``e`` as an expr whose operands are ``args`` (a pending expr or the value itself)."""
     if e.prim is FUSED:
-        built: list[_Expr | Var] = []
-        for n in e.params["body"].nodes:
-            if n.op is Leaf.OPERAND:
-                built.append(args[e.inputs[n.params["index"]]])
-            elif n.op is Leaf.LITERAL:
-                built.append(Literal(n.params["value"], n.dtype))
-            else:
-                assert isinstance(n.op, Prim)  # a Fused body has no REDUCED leaf
-                built.append(_Expr(n.op, n.params, tuple(built[a] for a in n.args),
-                                   n.shape, n.dtype))
-        root = built[-1]
-        assert isinstance(root, _Expr)
+        root = _body_expr(e.params["body"], e.inputs, args)
     else:
         root = _Expr(e.prim, e.params, tuple(args.get(v, v) for v in e.inputs), e.out.shape,
                      e.out.dtype)
@@ -166,14 +193,17 @@ def _fuse_once(g: Graph) -> Graph:
     observed = info.observed
     overwrites = {v: g.slot(name).var for name, v in g.states.items()}  # output -> old slot
 
-    def merges_into(e: Eqn) -> bool:
-        return e.prim in ELEMENTWISE or e.prim is FUSED or (
+    def merges_into(e: Eqn, v: Var) -> bool:
+        if e.prim in STATE_WRITES:  # the update only, never the state, a start or a gate
+            state, ops, starts, gates = update_parts(e.prim, e.inputs, e.params)
+            return v in ops and v is not state and v not in starts + gates
+        return e.prim in ELEMENTWISE or e.prim in MOVES or e.prim is FUSED or (
             e.prim is REDUCE and e.inputs[0].dtype is not BOOL and not _long_rows(e)
         )
 
     def inlinable(v: Var) -> bool:
         users = set(info.users.get(v, ()))
-        return len(users) == 1 and v not in observed and merges_into(g.eqns[users.pop()])
+        return len(users) == 1 and v not in observed and merges_into(g.eqns[users.pop()], v)
 
     pending: dict[Var, _Expr] = {}
     eqns: list[Eqn | None] = []  # None: a reduction a FusedRow took over
@@ -183,7 +213,9 @@ def _fuse_once(g: Graph) -> Graph:
         """``x`` with a reduction it reads, as one FusedRow: the reduction must be read by
         ``x`` alone, keep its axis, reduce a row of ``x``'s shape, and not read a state
         overwritten since (the reduction moves here)."""
-        _, leaves = linearize(x)
+        body, leaves = linearize(x)
+        if body.moves:  # an epilogue is evaluated along the row: no moved index there
+            return None
         for r in leaves:
             i = reductions.get(r)
             if i is None:
@@ -215,6 +247,37 @@ def _fuse_once(g: Graph) -> Graph:
     def materialize(v: Var) -> None:
         emit(pending.pop(v), (v,))
 
+    def update_of(e: Eqn) -> Eqn | None:
+        """A state write whose update reads pending exprs, as one FusedUpdate computing
+        them: the update must not read the state it overwrites (nor exceed the limits)."""
+        state, ops, starts, gates = update_parts(e.prim, e.inputs, e.params)
+        if not any(v in pending for v in ops):
+            return None
+        if e.prim is FUSED_UPDATE:
+            body = e.params["body"]
+        else:
+            body = FusedBody((Node.operand(0, ops[0].shape, ops[0].dtype),))
+        args: dict[Var, _Expr | Var] = {v: v for v in ops}
+        for v in ops:
+            if v not in pending:
+                continue
+            args[v] = pending[v]
+            new_body, leaves = linearize(_body_expr(body, ops, args))
+            if state in leaves or len(leaves) > MAX_OPERANDS \
+                    or len(new_body.nodes) > MAX_NODES:
+                args[v] = v
+            else:
+                del pending[v]
+        u = _body_expr(body, ops, args)
+        for v in e.inputs:
+            if v in pending:
+                materialize(v)
+        new_body, leaves = linearize(u)
+        if e.prim is DYNAMIC_UPDATE_SLICE and not new_body.moves and len(new_body.nodes) == 1:
+            return None  # nothing merged
+        return Eqn(FUSED_UPDATE, (state, *leaves, *starts, *gates), e.outputs,
+                   Params(body=new_body))
+
     def note_reduction(e: Eqn) -> None:
         users = set(info.users.get(e.out, ()))
         user = g.eqns[users.pop()].prim if len(users) == 1 else None
@@ -234,13 +297,16 @@ def _fuse_once(g: Graph) -> Graph:
                     materialize(v)
             eqns.append(e)
             continue
-        if e.prim in ELEMENTWISE or e.prim is FUSED or e.prim is REDUCE:
+        if e.prim in STATE_WRITES and (made := update_of(e)) is not None:
+            eqns.append(made)
+            continue
+        if e.prim in ELEMENTWISE or e.prim in MOVES or e.prim is FUSED or e.prim is REDUCE:
             args: dict[Var, _Expr | Var] = {v: v for v in e.inputs if not isinstance(v, Literal)}
             for v in list(args):
                 if v not in pending:
                     continue
                 args[v] = pending[v]
-                if _fits(_expr_of(e, args)):
+                if _fits(_expr_of(e, args)) and not (e.prim is REDUCE and _moves(args[v])):
                     del pending[v]
                 else:
                     args[v] = v

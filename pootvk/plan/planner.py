@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from ..arena import ArenaLayout, colour, kernel_items
 from ..errors import BindingRange, DtypeLowering, UnsupportedPrimitive
 from ..ir import Graph, Literal, SlotKind, UseInfo, Var
-from ..ir.prims import DYNAMIC_UPDATE_SLICE, RESHAPE
+from ..ir.fused import STATE_WRITES, update_parts
+from ..ir.prims import RESHAPE
 from .bindings import Binding, BufferRole, Scratch
 from .profile import DeviceProfile
 from .rules import KernelCall, KernelRequest, PlanContext, plan_rules
@@ -209,7 +210,8 @@ def _check_gated(g: Graph, info: UseInfo) -> None:
         if i is None:
             continue
         e = g.eqns[i]
-        gates = set(e.inputs[2 + e.inputs[0].ndim:]) if e.prim is DYNAMIC_UPDATE_SLICE else set()
+        gates = set(update_parts(e.prim, e.inputs, e.params)[3]) if e.prim in STATE_WRITES \
+            else set()
         if not witnesses <= gates:
             raise UnsupportedPrimitive(
                 str(e.prim), f"state {name!r} is written without the step's index-guard gates "
