@@ -238,7 +238,7 @@ def moved_lines(
         else:
             names = [value(a, ctx) for a in n.args]
             expr = _node_expr(n, names, [arg.dtype for arg in args])
-            if n.dtype in HALF and not (stored and k == last and ctx == root):
+            if n.dtype in HALF and not (stored and k == last and ctx == _aligned(root, n.shape)):
                 expr = round_to(expr, n.dtype)
             name = declare(k, n, expr)
         memo[key] = name
