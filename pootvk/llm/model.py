@@ -3,7 +3,7 @@
 
 Per layer: RMSNorm -> q/k/v projections -> RoPE (HF's non-interleaved convention) ->
 GQA attention over a KV cache held as state (the new rows written at ``pos`` by
-DynamicUpdateSlice) -> output projection + residual -> RMSNorm -> SwiGLU MLP
+DynamicUpdateSlice; k's RoPE and any F16 narrowing fuse into that write) -> output projection + residual -> RMSNorm -> SwiGLU MLP
 (down(silu(gate) * up)) + residual; then a final RMSNorm and the LM head (the embedding
 itself with ``tied_embeddings``).
 
@@ -107,7 +107,8 @@ class LlamaConfig:
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
         """The graph's weight params: :meth:`weight_shapes` with each layer's ``wq`` and
         ``wk`` packed into one ``wqk`` [(q_heads + kv_heads) * head_dim, hidden] (q rows
-        first), so q and k are one Linear and one RoPE (:func:`model_params` packs them)."""
+        first), so q and k are one Linear (:func:`model_params` packs them); each is rotated
+        from its slice of it (one kernel for q, k's inside its cache write)."""
         out: dict[str, tuple[int, ...]] = {}
         for name, shape in self.weight_shapes().items():
             if name.endswith(".wq"):

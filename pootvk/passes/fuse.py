@@ -11,8 +11,14 @@ whose output
 
 - is read by exactly one eqn (which may read it more than once: ``x * x``),
 - is not observable (an export, a state output or a validation witness), and
-- feeds an elementwise eqn (the two become one ``Fused`` eqn) or a ``Reduce`` (which
-  becomes a ``FusedReduce`` computing the producer on load).
+- feeds an elementwise eqn (the two become one ``Fused`` eqn), an index-moving one
+  (``Slice``, ``Concat``: the body reads through it at a moved index, XLA-style loop
+  fusion, so RoPE's ``x * cos + concat(slice(x), slice(x)) * sin`` is one kernel reading
+  ``x`` at three indices), the update of a ``DynamicUpdateSlice`` (which becomes a
+  ``FusedUpdate`` computing the update in place at its run-time starts, gates kept; not
+  when the update reads the state it overwrites), or a ``Reduce`` (which becomes a
+  ``FusedReduce`` computing the producer on load; a body with a moved index stays out of
+  reductions).
 
 Then a reduction keeping its axis, read by one eqn only and not observable, merges with the
 elementwise chain that reads it when that chain's value has the reduction's row shape: one
