@@ -4,8 +4,8 @@
 Per layer: RMSNorm -> q/k/v projections -> RoPE (HF's non-interleaved convention) ->
 GQA attention over a KV cache held as state (the new rows written at ``pos`` by
 DynamicUpdateSlice; k's RoPE and any F16 narrowing fuse into that write) -> output
-projection + residual -> RMSNorm -> SwiGLU MLP (down(silu(gate) * up)) + residual; then a final RMSNorm and the LM head (the embedding
-itself with ``tied_embeddings``).
+projection + residual -> RMSNorm -> SwiGLU MLP (down(silu(gate) * up)) + residual; then a
+final RMSNorm and the LM head (the embedding itself with ``tied_embeddings``).
 
 Weights are stored as HF and GGUF store them, ``W[out, in]``, and traced as
 ``x @ Transpose(Convert(W))``: the matmul fold turns that into one Linear kernel reading W
