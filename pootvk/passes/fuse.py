@@ -57,7 +57,7 @@ from ..ir.fused import (
     Node,
     update_parts,
 )
-from ..ir.prims import DYNAMIC_UPDATE_SLICE, REDUCE
+from ..ir.prims import REDUCE
 from .canonicalize import dead_code_elimination
 
 #: Buffers one fused kernel may read (its output is one more binding: 8 in all, the
@@ -151,9 +151,7 @@ def _body_expr(body: FusedBody, operands: tuple[Var, ...],
             built.append(_Expr(n.op, n.params, tuple(built[a] for a in n.args),
                                n.shape, n.dtype))
     root = built[-1]
-    if not isinstance(root, _Expr):  # a body that is one leaf: a copy of its operand
-        root = _Expr(P.CONVERT, Params(dtype=body.out.dtype), (root,), body.out.shape,
-                     body.out.dtype)
+    assert isinstance(root, _Expr)  # a body is never one leaf
     return root
 
 
@@ -211,6 +209,14 @@ def _fuse_once(g: Graph) -> Graph:
         users = set(info.users.get(v, ()))
         return len(users) == 1 and v not in observed and merges_into(g.eqns[users.pop()], v)
 
+    views = {e.out: e.inputs[0] for e in g.eqns if e.prim is P.RESHAPE}
+
+    def root(v: Var) -> Var:
+        """The value whose bytes ``v`` is (a Reshape is a view of its operand)."""
+        while v in views:
+            v = views[v]
+        return v
+
     pending: dict[Var, _Expr] = {}
     eqns: list[Eqn | None] = []  # None: a reduction a FusedRow took over
     reductions: dict[Var, int] = {}  # a private keepdim reduction's output -> its position
@@ -255,32 +261,37 @@ def _fuse_once(g: Graph) -> Graph:
 
     def update_of(e: Eqn) -> Eqn | None:
         """A state write whose update reads pending exprs, as one FusedUpdate computing
-        them: the update must not read the state it overwrites (nor exceed the limits)."""
+        them: the update must not read the state it overwrites, itself or through a view
+        (one kernel would read elements it writes), nor bind more buffers than the limit
+        or the unfused write."""
         state, ops, starts, gates = update_parts(e.prim, e.inputs, e.params)
         if not any(v in pending for v in ops):
             return None
-        if e.prim is FUSED_UPDATE:
-            body = e.params["body"]
-        else:
-            body = FusedBody((Node.operand(0, ops[0].shape, ops[0].dtype),))
+        fixed = sum(1 for v in starts if not isinstance(v, Literal)) + len(gates)
+        cap = max(MAX_OPERANDS, 1 + fixed) - fixed
+        body = e.params["body"] if e.prim is FUSED_UPDATE else None  # else the one update
         args: dict[Var, _Expr | Var] = {v: v for v in ops}
+        merged = False
         for v in ops:
             if v not in pending:
                 continue
             args[v] = pending[v]
-            new_body, leaves = linearize(_body_expr(body, ops, args))
-            if state in leaves or len(leaves) > MAX_OPERANDS \
+            u = pending[v] if body is None else _body_expr(body, ops, args)
+            new_body, leaves = linearize(u)
+            if any(root(w) is root(state) for w in leaves) or len(leaves) > cap \
                     or len(new_body.nodes) > MAX_NODES:
                 args[v] = v
             else:
                 del pending[v]
-        u = _body_expr(body, ops, args)
+                merged = True
         for v in e.inputs:
             if v in pending:
                 materialize(v)
-        new_body, leaves = linearize(u)
-        if e.prim is DYNAMIC_UPDATE_SLICE and not new_body.moves and len(new_body.nodes) == 1:
-            return None  # nothing merged
+        if not merged:
+            return None
+        top = args[ops[0]] if body is None else _body_expr(body, ops, args)
+        assert isinstance(top, _Expr)
+        new_body, leaves = linearize(top)
         return Eqn(FUSED_UPDATE, (state, *leaves, *starts, *gates), e.outputs,
                    Params(body=new_body))
 

@@ -169,16 +169,22 @@ def test_a_gated_state_write_keeps_its_gates_when_fused():
     assert str(gate_state_writes(c)) == str(c)  # regating a fused write changes nothing
 
 
-def test_an_update_reading_the_state_it_overwrites_is_not_fused():
-    """u = 2 * s[0, :, 0:1] written over s: computing u inside the write would read rows
-    the same kernel writes; u is stored first."""
+@pytest.mark.parametrize("view", [False, True])
+def test_an_update_reading_the_state_it_overwrites_is_not_fused(view):
+    """u = 2 * s[0, :, 0:1] (or of a reshaped view of s) written over s: computing u inside
+    the write would read rows the same kernel writes; u is stored first."""
     b = Builder()
     s = b.state("s", (1, 2, 4, 8))
-    u = b.mul(b.slice(s, (0, 0, 0, 0), (1, 2, 1, 8)), 2.0)
+    if view:  # the leaf is a view of s: [2, 4, 8] (a Reshape runs no kernel)
+        u = b.broadcast(b.mul(b.slice(b.reshape(s, (2, 4, 8)), (0, 0, 0), (2, 1, 8)), 2.0),
+                        (1, 2, 1, 8))
+    else:
+        u = b.mul(b.slice(s, (0, 0, 0, 0), (1, 2, 1, 8)), 2.0)
     b.set_state("s", b.dynamic_update_slice(s, u, (0, 0, b.pos("p", 0, 3), 0)))
     g = b.build()
     c = assert_keeps_answer(g)
     assert c.count(FUSED_UPDATE) == 0 and c.count(P.DYNAMIC_UPDATE_SLICE) == 1
+    assert c.count(P.RESHAPE) == (1 if view else 0)
     plan_graph(c, LAVAPIPE)
 
 
