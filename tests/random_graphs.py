@@ -21,8 +21,9 @@ BINARY = ["add", "sub", "mul", "max", "min"]
 def elementwise_graphs(draw: st.DrawFn, tame: bool = False) -> Graph:
     """2-4 inputs of shapes broadcasting to BASE, then 3-14 random steps drawn from the
     elementwise prims, keepdim reductions (some read back by their rows, as a norm or a
-    softmax does), broadcasts, rotations (slices and a concat) and an F16 round trip; some values
-    are exported along the way (fusion must not hide them) and some reused (used twice)."""
+    softmax does), broadcasts, rotations (slices and a concat), transpose and reshape
+    round trips and an F16 round trip; some values are exported along the way (fusion must
+    not hide them) and some reused (used twice)."""
     b = Builder()
     pool: list[Var] = []
     bools: list[Var] = []
@@ -36,7 +37,7 @@ def elementwise_graphs(draw: st.DrawFn, tame: bool = False) -> Graph:
         y = pool[draw(pick) % len(pool)]
         kind = draw(st.sampled_from(
             ["binary", "binary", "unary", "unary", "literal", "compare", "select", "reduce",
-             "row", "row", "broadcast", "f16", "move", "move"]
+             "row", "row", "broadcast", "f16", "move", "move", "permute"]
         ))
         if kind == "binary":
             v = getattr(b, draw(st.sampled_from(binary)))(x, y)
@@ -77,6 +78,14 @@ def elementwise_graphs(draw: st.DrawFn, tame: bool = False) -> Graph:
             if draw(st.booleans()):
                 lo = b.unary(draw(st.sampled_from(unary)), lo)
             v = b.concat([hi, lo], axis)
+        elif kind == "permute":  # a round trip through a transpose and a flat reshape
+            if x.ndim < 2:
+                continue
+            perm = tuple(draw(st.permutations(range(x.ndim))))
+            t = b.unary(draw(st.sampled_from(unary)), b.transpose(x, perm))
+            flat = b.reshape(t, (x.size,))
+            back = b.reshape(flat, t.shape)
+            v = b.transpose(back, tuple(perm.index(d) for d in range(x.ndim)))
         else:
             v = b.convert(b.convert(x, F16), F32)
         pool.append(v)

@@ -19,12 +19,14 @@ A node's value at an output multi-index is the value at that index with its broa
 dropped (right-aligned, as numpy broadcasts), so a kernel evaluates every node at the output
 index and reads each leaf through its own broadcast strides.
 
-Index-moving nodes (``MOVES``: ``Slice`` and ``Concat``, XLA-style loop fusion) change the
-index their arguments are read at instead of the value: a ``Slice`` node reads its argument
-at the index shifted by its static starts, a ``Concat`` node is a select between its
-arguments by the index along its axis (each read at that index less the arguments before
-it). So ``x * cos + concat(slice(x, hi), slice(x, lo)) * sin`` is one body reading ``x``
-once as a leaf, at three indices. ``FUSED`` bodies may hold them; reduction bodies do not.
+Index-moving nodes (``MOVES``: ``Slice``, ``Concat``, ``Transpose``, ``Reshape``; XLA-style
+loop fusion) change the index their arguments are read at instead of the value: a ``Slice``
+node reads its argument at the index shifted by its static starts, a ``Concat`` node is a
+select between its arguments by the index along its axis (each read at that index less the
+arguments before it), a ``Transpose`` reads at the permuted index, a ``Reshape`` at the
+index of the same row-major element. So ``x * cos + concat(slice(x, hi), slice(x, lo)) *
+sin`` is one body reading ``x`` once as a leaf, at three indices. ``FUSED`` and
+``FUSED_UPDATE`` bodies may hold them; reduction bodies do not.
 
 ``FUSED_UPDATE`` is ``DynamicUpdateSlice(state, body, *starts, *gates)`` with the update
 computed by the body: operands ``(state, *body operands, *starts, *gates)``; the body's
@@ -49,8 +51,10 @@ from .prims import (
     CONVERT,
     DYNAMIC_UPDATE_SLICE,
     REDUCE,
+    RESHAPE,
     SELECT,
     SLICE,
+    TRANSPOSE,
     UNARY,
     Aval,
     Prim,
@@ -63,7 +67,7 @@ from .prims import (
 ELEMENTWISE: tuple[Prim, ...] = (*BINARY, UNARY, COMPARE, SELECT, CONVERT, BROADCAST)
 #: Index-moving primitives a ``Fused`` body may also hold: each node reads its arguments at
 #: an index computed from its own (a shift, or a pick between arguments along an axis).
-MOVES: tuple[Prim, ...] = (SLICE, CONCAT)
+MOVES: tuple[Prim, ...] = (SLICE, CONCAT, TRANSPOSE, RESHAPE)
 
 
 class Leaf(Enum):

@@ -317,6 +317,9 @@ def _fuse_once(g: Graph) -> Graph:
         if e.prim in STATE_WRITES and (made := update_of(e)) is not None:
             eqns.append(made)
             continue
+        if e.prim is P.RESHAPE and e.inputs[0] not in pending:
+            eqns.append(e)  # a view of a stored value: no kernel, and a leaf as it is
+            continue
         if e.prim in ELEMENTWISE or e.prim in MOVES or e.prim is FUSED or e.prim is REDUCE:
             args: dict[Var, _Expr | Var] = {v: v for v in e.inputs if not isinstance(v, Literal)}
             for v in list(args):

@@ -181,12 +181,14 @@ def moved_lines(
     output index ``i0..i{rank-1}``; a Slice node reads its argument at its index plus the
     starts; a Concat node picks between its arguments by its index along the axis, each
     argument read at that index less the extents before it, clamped into the argument
-    (the pick discards the others, whose reads must still be in bounds). A leaf read at its
+    (the pick discards the others, whose reads must still be in bounds); a Transpose reads
+    at the permuted index, a Reshape at the index of the same row-major element. A leaf read at its
     plain broadcast index goes through ``read``, elsewhere through ``read_at``."""
     at = read_at or (lambda j, leaf, index: f"x{j}[{index}]")
     rank = len(body.out.shape) if rank is None else rank
     root: Index = tuple(f"i{d}" for d in range(rank))
     memo: dict[tuple[int, Index], str] = {}
+    offsets: dict[tuple[str, str], str] = {}
     lines: list[str] = []
     last = len(body.nodes) - 1
 
@@ -195,6 +197,24 @@ def moved_lines(
                           if any(kk == k for kk, _ in memo) else "")
         lines.append(f"    {CTYPE[n.dtype]} {name} = {expr};")
         return name
+
+    def reshaped(ctx: Index, shape: tuple[int, ...], src: tuple[int, ...]) -> Index:
+        """The index into ``src`` of the element at ``ctx`` of its reshape to ``shape``:
+        the same axes where only unit axes come or go, else through the row-major offset
+        (declared once as a register)."""
+        if [n for n in shape if n != 1] == [n for n in src if n != 1]:
+            kept = iter(c for c, n in zip(ctx, shape, strict=True) if n != 1)
+            return tuple("0u" if n == 1 else next(kept) for n in src)
+        st = strides(shape)
+        off = " + ".join(f"{c} * {st[d]}u" for d, c in enumerate(ctx) if c != "0u") or "0u"
+        key = ("off", off)
+        if key not in offsets:
+            offsets[key] = f"o{len(offsets)}"
+            lines.append(f"    uint {offsets[key]} = {off};")
+        o = offsets[key]
+        sst = strides(src)
+        return tuple("0u" if n == 1 else f"(({o} / {sst[d]}u) % {n}u)"
+                     for d, n in enumerate(src))
 
     def value(k: int, ctx: Index) -> str:
         n = body.nodes[k]
@@ -223,6 +243,14 @@ def moved_lines(
             start = n.params["start"]
             name = value(n.args[0], tuple(
                 c if s == 0 else f"({c} + {s}u)" for c, s in zip(ctx, start, strict=True)))
+        elif n.op is P.TRANSPOSE:  # output axis d is the argument's axis perm[d]
+            perm = n.params["perm"]
+            moved = ["0u"] * len(perm)
+            for d, src in enumerate(perm):
+                moved[src] = ctx[d]
+            name = value(n.args[0], tuple(moved))
+        elif n.op is P.RESHAPE:
+            name = value(n.args[0], reshaped(ctx, n.shape, args[0].shape))
         elif n.op is P.CONCAT:
             axis, base, picks = n.params["axis"], 0, []
             for a, arg in zip(n.args, args, strict=True):

@@ -197,7 +197,7 @@ def test_split_key_the_op_cannot_type_is_not_fused_as_split():
     g = _split_chain(kv=F16, math=F16)
     c = compile_graph(g)
     assert c.count(P.ATTENTION) == 0 and c.count(P.MATMUL) == 2
-    assert str(c.eqns[0].params["body"]).startswith("Concat[3]")  # the key, one kernel
+    assert "Concat[3]" in str(c.eqns[0].params["body"])  # the key (and its GQA repeat)
     ins = random_inputs(g, np.random.default_rng(1))
     assert same(evaluate(g, ins), evaluate(c, ins))
 

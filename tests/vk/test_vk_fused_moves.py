@@ -40,6 +40,20 @@ def test_a_three_way_concat_of_computed_operands(device):
     assert [e.prim for e in c.eqns] == [FUSED]
 
 
+def test_transposes_and_reshapes_inside_one_body(device):
+    """A permuted read, a reshape that only adds unit axes, and one that regroups axes
+    (through the row-major offset), around computed values: one kernel."""
+    b = Builder()
+    x = b.input("x", (2, 3, 4))
+    t = b.transpose(b.unary("Tanh", x), (2, 0, 1))  # [4, 2, 3]
+    r = b.reshape(b.mul(t, 2.0), (1, 4, 6))  # regrouped: [4, 6] under a unit axis
+    z = b.reshape(b.add(r, b.input("y", (1, 4, 6))), (3, 8))  # regrouped again
+    b.export("z", b.transpose(b.unary("Neg", z), (1, 0)))
+    g = b.build()
+    c = check(device, g, random_inputs(g, np.random.default_rng(6)))
+    assert [e.prim for e in c.eqns] == [FUSED]
+
+
 @pytest.mark.parametrize("kv", [F32, F16])
 def test_a_fused_state_write_on_the_device(device, kv):
     """The state after the step, and what the step read of it, for starts inside the state
