@@ -132,6 +132,13 @@ def _fits(x: _Expr) -> bool:
     return len(ops) <= MAX_OPERANDS and len(body.nodes) <= MAX_NODES
 
 
+def _only_moves(x: _Expr) -> bool:
+    """Whether ``x`` computes nothing: it only moves indices of stored values."""
+    body, _ = linearize(x)
+    return all(n.op is Leaf.OPERAND or n.op in MOVES or n.op is P.BROADCAST
+               for n in body.nodes)
+
+
 def _moves(x: _Expr | Var) -> bool:
     """Whether ``x`` moves an index (a Slice or Concat node): not for a reduction's body."""
     return isinstance(x, _Expr) and linearize(x)[0].moves
@@ -205,9 +212,25 @@ def _fuse_once(g: Graph) -> Graph:
             e.prim is REDUCE and e.inputs[0].dtype is not BOOL and not _long_rows(e)
         )
 
-    def inlinable(v: Var) -> bool:
-        users = set(info.users.get(v, ()))
-        return len(users) == 1 and v not in observed and merges_into(g.eqns[users.pop()], v)
+    shared: set[Var] = set()  # pending moves every reader computes for itself
+
+    def inlinable(v: Var, x: _Expr) -> bool:
+        """Whether ``v`` (computed by ``x``) is merged into its readers: one reader, or
+        several when ``x`` only moves indices (a transpose or slice of stored values costs
+        no arithmetic, so each reader reads through it instead of a kernel storing it)."""
+        users = {g.eqns[u] for u in info.users.get(v, ())}
+        if v in observed or not users or not all(merges_into(u, v) for u in users):
+            return False
+        if len(users) > 1:
+            if not _only_moves(x):
+                return False
+            shared.add(v)
+        return True
+
+    def take(v: Var) -> None:
+        """A reader merged pending ``v``: it is gone unless other readers merge it too."""
+        if v not in shared:
+            del pending[v]
 
     views = {e.out: e.inputs[0] for e in g.eqns if e.prim is P.RESHAPE}
 
@@ -282,7 +305,7 @@ def _fuse_once(g: Graph) -> Graph:
                     or len(new_body.nodes) > MAX_NODES:
                 args[v] = v
             else:
-                del pending[v]
+                take(v)
                 merged = True
         for v in e.inputs:
             if v in pending:
@@ -327,7 +350,7 @@ def _fuse_once(g: Graph) -> Graph:
                     continue
                 args[v] = pending[v]
                 if _fits(_expr_of(e, args)) and not (e.prim is REDUCE and _moves(args[v])):
-                    del pending[v]
+                    take(v)
                 else:
                     args[v] = v
                     materialize(v)
@@ -342,7 +365,7 @@ def _fuse_once(g: Graph) -> Graph:
                 note_reduction(eqns[-1])  # type: ignore[arg-type]
                 continue
             x = _expr_of(e, args)
-            if inlinable(e.out):
+            if inlinable(e.out, x):
                 pending[e.out] = x
             else:
                 emit(x, e.outputs)
@@ -354,5 +377,5 @@ def _fuse_once(g: Graph) -> Graph:
         if e.prim is FUSED_REDUCE:  # made by an earlier pass: a FusedRow's prologue still
             note_reduction(e)
     for v in list(pending):  # nothing observable reads these: only dead code is left here
-        materialize(v)
+        materialize(v)  # (or moves every reader merged: dead now too)
     return dead_code_elimination(g.replace([e for e in eqns if e is not None]))

@@ -65,6 +65,30 @@ def test_slices_of_a_value_and_its_producer_fuse_through_the_moves():
     assert kernels(c) == ["fused", "fused"]
 
 
+def test_a_pure_move_read_by_two_kernels_is_read_through_by_both():
+    """A transpose (no arithmetic) read by two kernels that cannot share one body (one is
+    exported before the other reads a matmul of it): each reads x through the permuted
+    index, nothing stores the transpose. A computed value read twice is stored once."""
+    b = Builder()
+    x = b.input("x", (3, 4))
+    t = b.transpose(x, (1, 0))
+    b.export("a", b.mul(t, 2.0))
+    b.export("m", b.matmul(b.unary("Exp", t), b.input("w", (3, 2))))
+    g = b.build()
+    c = assert_keeps_answer(g)
+    assert c.count(P.TRANSPOSE) == 0 and c.count(FUSED) == 2
+    assert all(e.inputs == (x,) for e in c.eqns if e.prim is FUSED)
+    b = Builder()
+    x = b.input("x", (3, 4))
+    t = b.transpose(b.unary("Tanh", x), (1, 0))  # computes: stored once for both
+    b.export("a", b.mul(t, 2.0))
+    b.export("m", b.matmul(b.unary("Exp", t), b.input("w", (3, 2))))
+    g = b.build()
+    c = assert_keeps_answer(g)
+    assert str(c.eqns[0].params["body"]) == "Transpose[(1, 0)](Unary[Tanh](x0))"
+    assert sum(t in e.inputs for e in c.eqns) == 2 and len(c.eqns) == 4
+
+
 def test_a_concat_of_computed_operands_picks_by_the_index():
     b = Builder()
     x, y = b.input("x", (3, 2)), b.input("y", (3, 5))
