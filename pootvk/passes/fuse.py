@@ -340,8 +340,14 @@ def _fuse_once(g: Graph) -> Graph:
         if e.prim in STATE_WRITES and (made := update_of(e)) is not None:
             eqns.append(made)
             continue
-        if e.prim is P.RESHAPE and e.inputs[0] not in pending:
-            eqns.append(e)  # a view of a stored value: no kernel, and a leaf as it is
+        if e.prim is P.RESHAPE and (e.inputs[0] not in pending or (
+                _only_moves(pending[e.inputs[0]]) and not inlinable(
+                    e.out, _expr_of(e, {e.inputs[0]: pending[e.inputs[0]]})))):
+            # a view of a stored value: no kernel, and a leaf as it is; a pending move
+            # whose reshape nothing merges is stored as it is (a Slice may be a view too)
+            if e.inputs[0] in pending:
+                materialize(e.inputs[0])
+            eqns.append(e)
             continue
         if e.prim in ELEMENTWISE or e.prim in MOVES or e.prim is FUSED or e.prim is REDUCE:
             args: dict[Var, _Expr | Var] = {v: v for v in e.inputs if not isinstance(v, Literal)}

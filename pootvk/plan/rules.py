@@ -80,6 +80,8 @@ class PlanContext:
 
     profile: DeviceProfile
     same_storage: Callable[[Var, Var], bool]
+    #: whether a value is a view of another's bytes (the planner's ``_views``): no kernel
+    is_view: Callable[[Var], bool] = lambda v: False
 
 
 PlanRule = Callable[[Eqn, PlanContext], RuleResult]
@@ -110,7 +112,7 @@ def _bound(req: PrimRequest, inputs: tuple[Var, ...]) -> tuple[Var, ...]:
 
 @plan_rules.register(
     *P.BINARY, P.UNARY, P.COMPARE, P.SELECT, P.CONVERT, P.IOTA, P.BROADCAST,
-    P.TRANSPOSE, P.SLICE, P.CONCAT, P.COPY, P.GATHER, P.INDEX_GUARD,
+    P.TRANSPOSE, P.CONCAT, P.COPY, P.GATHER, P.INDEX_GUARD,
 )
 def _elementwise(e: Eqn, ctx: PlanContext) -> RuleResult:
     """One invocation per (first) output element; IndexGuard also binds its witness.
@@ -127,6 +129,15 @@ def _reshape(e: Eqn, ctx: PlanContext) -> RuleResult:
     bytes). A copy only where the output has a home of its own (a state output, or an
     export whose operand already lives elsewhere) or the operand is a literal."""
     if ctx.same_storage(e.inputs[0], e.out):
+        return RuleResult([])
+    return _elementwise(e, ctx)
+
+
+@plan_rules.register(P.SLICE)
+def _slice(e: Eqn, ctx: PlanContext) -> RuleResult:
+    """No kernel for a contiguous slice the planner made a view (its operand's bytes at an
+    offset); a kernel copying the elements otherwise."""
+    if ctx.is_view(e.out):
         return RuleResult([])
     return _elementwise(e, ctx)
 
