@@ -24,9 +24,10 @@ loop fusion) change the index their arguments are read at instead of the value: 
 node reads its argument at the index shifted by its static starts, a ``Concat`` node is a
 select between its arguments by the index along its axis (each read at that index less the
 arguments before it), a ``Transpose`` reads at the permuted index, a ``Reshape`` at the
-index of the same row-major element. So ``x * cos + concat(slice(x, hi), slice(x, lo)) *
-sin`` is one body reading ``x`` once as a leaf, at three indices. ``FUSED`` and
-``FUSED_UPDATE`` bodies may hold them; reduction bodies do not.
+index of the same row-major element, a ``Gather`` reads its table at the row its index
+argument holds (clamped, as Gather clamps). So ``x * cos + concat(slice(x, hi), slice(x, lo)) *
+sin`` is one body reading ``x`` once as a leaf, at three indices. Every fused body may
+hold them, except above a ``REDUCED`` leaf (``moves_reduced``).
 
 ``FUSED_UPDATE`` is ``DynamicUpdateSlice(state, body, *starts, *gates)`` with the update
 computed by the body: operands ``(state, *body operands, *starts, *gates)``; the body's
@@ -50,6 +51,7 @@ from .prims import (
     CONCAT,
     CONVERT,
     DYNAMIC_UPDATE_SLICE,
+    GATHER,
     REDUCE,
     RESHAPE,
     SELECT,
@@ -67,7 +69,7 @@ from .prims import (
 ELEMENTWISE: tuple[Prim, ...] = (*BINARY, UNARY, COMPARE, SELECT, CONVERT, BROADCAST)
 #: Index-moving primitives a ``Fused`` body may also hold: each node reads its arguments at
 #: an index computed from its own (a shift, or a pick between arguments along an axis).
-MOVES: tuple[Prim, ...] = (SLICE, CONCAT, TRANSPOSE, RESHAPE)
+MOVES: tuple[Prim, ...] = (SLICE, CONCAT, TRANSPOSE, RESHAPE, GATHER)
 
 
 class Leaf(Enum):
@@ -214,7 +216,7 @@ def _type_nodes(
 def type_body(body: FusedBody, operands: Sequence[Var], moves: bool = False) -> Aval:
     """The (shape, dtype) of a body whose leaves read every operand, each once, in order
     (leaf ``j`` reads operand ``j``: the form ``passes.fuse`` builds); ``MOVES`` nodes are
-    admitted only where ``moves`` (an elementwise body: ``Fused``, ``FusedUpdate``)."""
+    admitted only where ``moves`` (the fused primitives' rules all admit them)."""
     aval, _ = _type_nodes(body, operands, moves=moves)
     leaves = [n.params["index"] for n in body.nodes if n.op is Leaf.OPERAND]
     if leaves != list(range(len(operands))):
@@ -239,9 +241,21 @@ def _fused_update(xs: Sequence[Var], p: Params) -> list[Aval]:
     return type_eqn(DYNAMIC_UPDATE_SLICE, [operand, update, *starts, *gates], Params())
 
 
+def moves_reduced(body: FusedBody) -> bool:
+    """Whether a move node reads the ``REDUCED`` leaf (through any node): an epilogue's
+    kernel holds its own row's reduction only, never another index's."""
+    dep: list[bool] = []
+    for n in body.nodes:
+        d = n.op is Leaf.REDUCED or any(dep[a] for a in n.args)
+        if n.op in MOVES and d:
+            return True
+        dep.append(d)
+    return False
+
+
 @rule(FUSED_REDUCE)
 def _fused_reduce(xs: Sequence[Var], p: Params) -> list[Aval]:
-    shape, dt = type_body(p["body"], xs)
+    shape, dt = type_body(p["body"], xs, moves=True)
     if dt is BOOL:
         raise ShapeError("FusedReduce of a bool body (Reduce is for numbers)")
     rp = {k: p[k] for k in ("op", "axis", "keepdim")}
@@ -254,11 +268,13 @@ def _fused_row(xs: Sequence[Var], p: Params) -> list[Aval]:
     epilogue may read any operand and the row's reduction, and is row-shaped: its value has
     the prologue's shape, so each output element lies in one reduced row."""
     body, epi = p["body"], p["epilogue"]
-    row = type_body(body, xs[: body.n_operands])
+    row = type_body(body, xs[: body.n_operands], moves=True)
     if row[1] is BOOL:
         raise ShapeError("FusedRow of a bool body (Reduce is for numbers)")
     (red,) = type_eqn(REDUCE, [Var(*row)], {"op": p["op"], "axis": p["axis"], "keepdim": True})
-    out, read = _type_nodes(epi, xs, reduced=red)
+    out, read = _type_nodes(epi, xs, reduced=red, moves=True)
+    if moves_reduced(epi):
+        raise ShapeError("a FusedRow epilogue moves the index of its row's reduction")
     if read | set(range(body.n_operands)) != set(range(len(xs))):
         raise ShapeError(f"FusedRow operands {sorted(set(range(len(xs))) - read)} are unread")
     if out[0] != row[0]:

@@ -17,8 +17,7 @@ whose output
   ``x`` at three indices), the update of a ``DynamicUpdateSlice`` (which becomes a
   ``FusedUpdate`` computing the update in place at its run-time starts, gates kept; not
   when the update reads the state it overwrites), or a ``Reduce`` (which becomes a
-  ``FusedReduce`` computing the producer on load; a body with a moved index stays out of
-  reductions).
+  ``FusedReduce`` computing the producer on load).
 
 Then a reduction keeping its axis, read by one eqn only and not observable, merges with the
 elementwise chain that reads it when that chain's value has the reduction's row shape: one
@@ -55,6 +54,7 @@ from ..ir.fused import (
     FusedBody,
     Leaf,
     Node,
+    moves_reduced,
     update_parts,
 )
 from ..ir.prims import REDUCE
@@ -133,15 +133,11 @@ def _fits(x: _Expr) -> bool:
 
 
 def _only_moves(x: _Expr) -> bool:
-    """Whether ``x`` computes nothing: it only moves indices of stored values."""
+    """Whether ``x`` computes nothing: it only moves indices of stored values (a Gather's
+    row is a stored index)."""
     body, _ = linearize(x)
     return all(n.op is Leaf.OPERAND or n.op in MOVES or n.op is P.BROADCAST
                for n in body.nodes)
-
-
-def _moves(x: _Expr | Var) -> bool:
-    """Whether ``x`` moves an index (a Slice or Concat node): not for a reduction's body."""
-    return isinstance(x, _Expr) and linearize(x)[0].moves
 
 
 def _body_expr(body: FusedBody, operands: tuple[Var, ...],
@@ -248,9 +244,7 @@ def _fuse_once(g: Graph) -> Graph:
         """``x`` with a reduction it reads, as one FusedRow: the reduction must be read by
         ``x`` alone, keep its axis, reduce a row of ``x``'s shape, and not read a state
         overwritten since (the reduction moves here)."""
-        body, leaves = linearize(x)
-        if body.moves:  # an epilogue is evaluated along the row: no moved index there
-            return None
+        _, leaves = linearize(x)
         for r in leaves:
             i = reductions.get(r)
             if i is None:
@@ -268,6 +262,8 @@ def _fuse_once(g: Graph) -> Graph:
             if moved_past & set(pro_ops):
                 continue
             epi, ops = linearize(x, pro_ops, reduced=r)
+            if moves_reduced(epi):  # the kernel holds its own row's reduction only
+                continue
             if len(ops) > MAX_OPERANDS or len(epi.nodes) + len(pro.nodes) > MAX_NODES:
                 continue
             eqns[i] = None
@@ -355,7 +351,7 @@ def _fuse_once(g: Graph) -> Graph:
                 if v not in pending:
                     continue
                 args[v] = pending[v]
-                if _fits(_expr_of(e, args)) and not (e.prim is REDUCE and _moves(args[v])):
+                if _fits(_expr_of(e, args)):
                     take(v)
                 else:
                     args[v] = v

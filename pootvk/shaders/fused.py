@@ -182,7 +182,8 @@ def moved_lines(
     starts; a Concat node picks between its arguments by its index along the axis, each
     argument read at that index less the extents before it, clamped into the argument
     (the pick discards the others, whose reads must still be in bounds); a Transpose reads
-    at the permuted index, a Reshape at the index of the same row-major element. A leaf read at its
+    at the permuted index, a Reshape at the index of the same row-major element, a Gather
+    at the row its index argument holds there (clamped). A leaf read at its
     plain broadcast index goes through ``read``, elsewhere through ``read_at``."""
     at = read_at or (lambda j, leaf, index: f"x{j}[{index}]")
     rank = len(body.out.shape) if rank is None else rank
@@ -251,6 +252,11 @@ def moved_lines(
             name = value(n.args[0], tuple(moved))
         elif n.op is P.RESHAPE:
             name = value(n.args[0], reshaped(ctx, n.shape, args[0].shape))
+        elif n.op is P.GATHER:  # the table's row is the index argument's value, clamped
+            table, idx = args
+            r = len(idx.shape)
+            row = f"uint(clamp({value(n.args[1], ctx[:r])}, 0, {table.shape[0] - 1}))"
+            name = value(n.args[0], (row, *ctx[r:]))
         elif n.op is P.CONCAT:
             axis, base, picks = n.params["axis"], 0, []
             for a, arg in zip(n.args, args, strict=True):
@@ -391,7 +397,7 @@ def generate_fused_reduce(req: FusedReduceRequest) -> str:
         red = "s_acc[0]" if dt not in HALF else round_to("s_acc[0]", dt)
         epi, value, once = body_lines(
             req.epilogue, lambda j, leaf: f"x{j}[{bcast_index(leaf.shape, rank)}]", "red",
-            hoist=row_invariant(req.epilogue, axis, rank),
+            hoist=None if req.epilogue.moves else row_invariant(req.epilogue, axis, rank),
         )
         out = " + ".join(f"i{d} * {st}u" for d, st in enumerate(strides(shape))) or "0u"
         finish = (

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from pootvk.errors import GuardFailed
-from pootvk.ir import F16, F32
-from pootvk.ir.fused import FUSED, FUSED_UPDATE
+from pootvk.ir import F16, F32, I32
+from pootvk.ir import prims as P
+from pootvk.ir.fused import FUSED, FUSED_REDUCE, FUSED_ROW, FUSED_UPDATE
 from pootvk.ops import Builder
 from pootvk.oracle import evaluate
 from pootvk.passes import compile_graph
@@ -17,6 +18,7 @@ from pootvk.runtime.replay import Replay
 from pootvk.shaders.generate import compile_plan
 from tests.helpers import assert_close, nse, random_inputs
 from tests.passes.test_fuse_moves import dus_graph, rope_graph
+from tests.random_graphs import rms_norm
 from tests.vk.test_vk_fused import check
 from tests.vk.test_vk_graphs import run_on_device
 
@@ -52,6 +54,28 @@ def test_transposes_and_reshapes_inside_one_body(device):
     g = b.build()
     c = check(device, g, random_inputs(g, np.random.default_rng(6)))
     assert [e.prim for e in c.eqns] == [FUSED]
+
+
+@pytest.mark.parametrize("dt", [F32, F16])
+def test_gathers_and_moves_inside_bodies_and_row_kernels(device, dt):
+    """A gathered row read through by an elementwise body (indices past both ends clamp,
+    as Gather's do), an RMSNorm of gathered rows as one row kernel, and a sum of a slice."""
+    b = Builder()
+    table = b.param("table", (10, 8), dt)
+    ids = b.input("ids", (4,), I32)
+    row = b.convert(b.gather(table, ids), F32)
+    b.export("g", b.mul(b.unary("Tanh", row), b.input("c", (4, 8))))
+    b.export("n", rms_norm(b, b.convert(b.gather(table, b.input("j", (3,), I32)), F32),
+                           b.param("w", (8,))))
+    x = b.input("x", (5, 12))
+    b.export("s", b.reduce("Sum", b.unary("Abs", b.slice(x, (0, 3), (5, 11))), 1))
+    g = b.build()
+    ins = random_inputs(g, np.random.default_rng(8))
+    ins["ids"] = np.array([3, -2, 12, 9], np.int32)
+    ins["j"] = np.array([0, 5, 100], np.int32)
+    c = check(device, g, ins, tol=1e-6 if dt is F32 else 1e-3)
+    assert c.count(P.GATHER) == c.count(P.SLICE) == 0
+    assert c.count(FUSED_ROW) == 1 and c.count(FUSED_REDUCE) == 1
 
 
 @pytest.mark.parametrize("kv", [F32, F16])
