@@ -197,6 +197,8 @@ def exp_candidates(base: DecodeRequest, kv: str) -> list[tuple[dict, int | None]
 
 def run_shape(device, shape, kvs, args, ceiling_gbps, clock, results):
     b, hq, hkv, lk = shape
+    D = args.d  # noqa: N806 (the module default, overridden by --d)
+    live = args.live  # keys each row attends (the rest of the capacity lk is never read)
     rng = np.random.default_rng(sum(shape))
     t0 = time.perf_counter()
     q = rng.standard_normal((b, hq, 1, D), dtype=np.float32)
@@ -209,6 +211,8 @@ def run_shape(device, shape, kvs, args, ceiling_gbps, clock, results):
     counter.write(0, np.zeros(b * hkv * hq, np.uint32))
     qb = device.create_buffer(q.nbytes, name="q")
     qb.write(0, q)
+    lens = device.create_buffer(b * 4, name="len")
+    lens.write(0, np.full(b, live or lk, np.int32))
     rng_ok = True
     print(f"# shape {shape}: data {time.perf_counter() - t0:.1f}s", flush=True)
     for kv in kvs:
@@ -217,22 +221,25 @@ def run_shape(device, shape, kvs, args, ceiling_gbps, clock, results):
         vb = device.create_buffer(vs.nbytes, name="v")
         kb.write(0, ks)
         vb.write(0, vs)
-        ref = reference(q, from_storage(ks, kv), from_storage(vs, kv), scale)
+        n = live or lk
+        ref = reference(q, from_storage(ks[:, :, :n], kv), from_storage(vs[:, :, :n], kv), scale)
         del ks, vs
         bufs = {"q": BufferRange(qb, 0, qb.size), "k": BufferRange(kb, 0, kb.size),
                 "v": BufferRange(vb, 0, vb.size), "out": BufferRange(out, 0, out.size),
                 "partial": BufferRange(part, 0, part.size),
-                "counter": BufferRange(counter, 0, counter.size)}
+                "counter": BufferRange(counter, 0, counter.size),
+                "len": BufferRange(lens, 0, lens.size)}
         p = DecodeProblem(b=b, hq=hq, hkv=hkv, lq=1, lk=lk, dk=D, dv=D, scale=scale,
-                          kv_dtype=kv)
-        kv_bytes = p.kv_bytes
+                          kv_dtype=kv, live_len=bool(live))
+        kv_bytes = p.kv_bytes * (live or lk) // lk  # the bytes read: the live keys
         fits = "L2" if kv_bytes <= L2_BYTES else "HBM"
 
         def measure(name, specs, reps, warm, req=None, kv=kv, ref=ref, kv_bytes=kv_bytes,
                     fits=fits):
             nonlocal rng_ok
             out.write(0, np.full(b * hq * D, np.nan, np.float32))
-            lau = Launch(device, specs, repeat=max(1, int(200e3 / max(1.0, kv_bytes / 4e3))))
+            reps = min(2000, max(1, int(200e3 / max(1.0, kv_bytes / 4e3))))
+            lau = Launch(device, specs, repeat=reps)
             try:
                 lau.rec.submit(wait=True)
                 got = out.read_array(0, (b, hq, 1, D), np.float32)
@@ -301,14 +308,14 @@ def run_shape(device, shape, kvs, args, ceiling_gbps, clock, results):
         req = choose_decode_schedule(p, device.profile, has_subgroup_shuffle=True)
         if not args.exp:
             measure("grouped", decode_specs(req, bufs), args.reps, args.warm, req)
-        if kv == "f32" and not args.no_streaming:
+        if kv == "f32" and not args.no_streaming and not live:
             sreq = streaming_request(p, device)
             specs = [(generate_attention(sreq), [bufs["q"], bufs["k"], bufs["v"], bufs["out"]],
                       sreq.grid, sreq.push_constants())]
             measure("streaming", specs, max(10, args.reps // 5), args.warm)
         kb.destroy()
         vb.destroy()
-    for x in (out, part, qb, counter):
+    for x in (out, part, qb, counter, lens):
         x.destroy()
     return rng_ok
 
@@ -328,6 +335,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tune-warm", type=float, default=0.3)
     ap.add_argument("--no-streaming", action="store_true")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--d", type=int, default=D, help="head dim (Dk = Dv)")
+    ap.add_argument("--live", type=int, default=0,
+                    help="live keys per row (the live form over a capacity of Lk); 0: Lk")
     ap.add_argument("--variants", default=None,
                     help='with --tune: a JSON list of schedule overrides, e.g. '
                          '\'[{"rows_per_wg": 1}, {"lanes_per_key": 16, "splits": 8}]\'')
@@ -351,7 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     for s, kvs in shapes:
         ok &= run_shape(device, s, kvs, args, ceil.gbps, clock, results)
     # final table
-    print(f"\nceiling {ceil.gbps:.0f} GB/s; D=128, Lq=1; fraction = K/V bytes / time / ceiling")
+    print(f"\nceiling {ceil.gbps:.0f} GB/s; D={args.d}, Lq=1, live={args.live or 'Lk'}; "
+          "fraction = K/V bytes read / time / ceiling")
     print("| B,Hq,Hkv,Lk | K/V | fits | grouped us | GB/s | of ceiling | schedule "
           "| streaming of ceiling | SM MHz |")
     print("|---|---|---|---|---|---|---|---|---|")

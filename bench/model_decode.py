@@ -10,7 +10,9 @@ in two modes on the same device:
 
 * replay: the one recording is resubmitted every token (what pootvk does);
 * rerecord: the command buffer is recorded again before every token (descriptor sets and
-  commands), what a runtime without replay pays.
+  commands), what a runtime without replay pays;
+* program order: replay with the dispatches recorded in the plan's order instead of level
+  by level (``vk.hazards.level_order``); the plan line gives both orders' barrier counts.
 
 Each mode first steps back to back for ``--warm`` seconds (GPU clocks up). For each mode it
 prints tokens/s (wall time per token, host argmax included), the median
@@ -116,10 +118,16 @@ def main(argv: list[str] | None = None) -> int:
     model = LlamaModel(cfg, weights, a.device, timestamps=True)
     build_s = time.perf_counter() - t0
     plan = model.program.plan
+    barriers = {}
+    for order in ("program", "level"):  # leaves the model recorded in level order
+        model.program.rerecord(program_order=order == "program")
+        barriers[order] = model.program.barriers
     print(f"device: {model.program.device.profile.name}")
     print(f"model: {cfg}")
     print(f"plan: {len(plan.kernels)} kernels, arena peak {plan.arena.peak_bytes} B "
-          f"(colouring saves {plan.arena_saved_bytes} B); built and recorded in {build_s:.2f} s")
+          f"(colouring saves {plan.arena_saved_bytes} B); built and recorded in {build_s:.2f} s; "
+          f"barriers per step {barriers['level']} in level order, {barriers['program']} in the "
+          "plan's order")
     worst = None
     if a.check:
         oracle = OracleLlama(cfg, weights)
@@ -132,13 +140,16 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     clock = SmClock(model.program.device.profile.name)
     results = {}
-    for mode, rer in (("replay", False), ("rerecord", True)):
+    for mode, rer in (("replay", False), ("program order", False), ("rerecord", True)):
+        model.program.rerecord(program_order=mode == "program order")
         r = run_mode(model, a.steps, a.warmup, rer, a.warm, clock)
+        r["barriers"] = model.program.barriers
         results[mode] = r
         gpu = "n/a" if r["gpu_ms"] is None else f"{r['gpu_ms']:.3f}"
         host = "n/a" if r["host_ms"] is None else f"{r['host_ms']:.3f}"
-        print(f"{mode:<9} {r['tokens_per_s']:9.1f} tokens/s  wall {r['wall_ms']:8.3f} ms/token"
-              f"  gpu {gpu} ms  host {host} ms  (recordings so far {r['recordings']}; "
+        print(f"{mode:<13} {r['tokens_per_s']:9.1f} tokens/s  wall {r['wall_ms']:8.3f} ms/token"
+              f"  gpu {gpu} ms  host {host} ms  ({r['barriers']} barriers; recordings so far "
+              f"{r['recordings']}; "
               f"SM clock {'n/a' if r['sm_mhz'] is None else str(r['sm_mhz']) + ' MHz'})")
     rp, rr = results["replay"], results["rerecord"]
     if rp["host_ms"] is not None and rr["host_ms"] is not None:
@@ -148,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         Path(a.json).write_text(json.dumps(
             {"config": cfg.__dict__, "kernels": len(plan.kernels), "build_s": build_s,
+             "barriers": barriers,
              "check_nse": worst, **results}, indent=2))
     return 0
 

@@ -5,7 +5,7 @@ step's GPU time goes, and the same model under torch (CUDA) and llama.cpp (CPU).
     python3 bench/model_generate.py [--model PATH]    # the real file (default: smollm2)
     python3 bench/model_generate.py --quick           # a tiny random model (lavapipe smoke test)
         [--device D] [--prompt 512] [--positions 128,4096] [--steps 32] [--warm 1.0]
-        [--json FILE]
+        [--orders level,program] [--json FILE]
 
 Reported, for one device in one run:
 
@@ -17,10 +17,15 @@ Reported, for one device in one run:
   fraction of the read ceiling the whole step reaches: (weight bytes + K/V bytes of the
   live prefix) / step time / the device's measured read GB/s. tokens/s and the fraction
   come from the model's own recording (wall time per step: an upper bound on its GPU time,
-  so the fraction is a lower bound); the GPU time and its split come from the same graph
+  so the fraction is a lower bound); "step GPU" is that recording's own GPU time (one
+  timestamp before its first and one after its last dispatch: wall minus it is the host's
+  share of a step); the GPU time and its split come from the same graph
   recorded with a timestamp after every dispatch (sharing the model's buffers), which adds
   a cost of its own per dispatch;
-* the plan: kernels (dispatches) per decode step and per layer;
+* the plan: kernels (dispatches) per decode step and per layer, and the compute->compute
+  barriers one decode step records in level order (the default: fewest barriers) and in
+  the plan's order; ``--orders level,program`` times decode in both, one row each (the
+  model's recording and its timed twin are recorded again in that order);
 * torch eager F16 on CUDA (same config, same weights) where torch with CUDA imports, and
   llama-cpp-python (CPU, 2 threads) on the real file where it is installed; a missing one is
   a one-line note, never a failure.
@@ -147,11 +152,15 @@ def bench_decode(model: LlamaModel, timed: Program, pos: int, warm_s: float, ste
         if time.perf_counter() >= end:
             break
     walls: list[float] = []
+    steps_gpu: list[float] = []  # the model's own recording: timestamps around it only
     token = 1
     for _ in range(steps):
         t0 = time.perf_counter()
         logits = model.step(token)
         walls.append(time.perf_counter() - t0)
+        g = model.program.gpu_time_ns()
+        if g:
+            steps_gpu.append(g * 1e-9)
         token = int(np.argmax(logits))
     gpus: list[float] = []
     disp: list[list[float]] = []
@@ -175,7 +184,9 @@ def bench_decode(model: LlamaModel, timed: Program, pos: int, warm_s: float, ste
     # dispatch costs time of its own: ``gpu_ms`` is the timed twin's), so this fraction is
     # a lower bound on what the step reaches
     frac = read / wall / (ceiling_gbps * 1e9) if ceiling_gbps else None
+    step_gpu = statistics.median(steps_gpu) if steps_gpu else None
     return {"position": pos, "tokens_per_s": 1 / wall, "wall_ms": wall * 1e3,
+            "step_gpu_ms": None if step_gpu is None else step_gpu * 1e3,
             "gpu_ms": None if gpu is None else gpu * 1e3, "families_ms": fam,
             "read_bytes": read, "read_fraction": frac}
 
@@ -184,8 +195,12 @@ def plan_counts(model: LlamaModel) -> dict:
     kernels = model.program.plan.kernels
     attn = sum(isinstance(k.request, (AttentionRequest, DecodeRequest)) for k in kernels)
     fams = {f: sum(family(k.request) == f for k in kernels) for f in FAMILIES}
+    barriers = {}
+    for order in ("program", "level"):  # leaves the model recorded in level order
+        model.program.rerecord(program_order=order == "program")
+        barriers[order] = model.program.barriers
     return {"kernels": len(kernels), "per_layer": len(kernels) / model.cfg.layers,
-            "attention_kernels": attn, "families": fams}
+            "attention_kernels": attn, "families": fams, "barriers": barriers}
 
 
 # --- peers ---------------------------------------------------------------------------------
@@ -295,9 +310,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--warm", type=float, default=1.0)
     ap.add_argument("--reps", type=int, default=5, help="timed prefills")
+    ap.add_argument("--orders", default="level",
+                    help="decode timed with dispatches recorded in these orders: level "
+                         "(the default recording), program (the plan's order)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     positions = [int(x) for x in a.positions.split(",")]
+    orders = a.orders.split(",")
+    if any(o not in ("level", "program") for o in orders):
+        ap.error(f"--orders takes level and/or program, not {a.orders!r}")
     if a.quick:
         a.prompt, positions, a.steps, a.warm, a.reps = 16, [8, 40], 4, 0.0, 2
     cap = max(positions) + a.steps + 1
@@ -310,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
             layers=2, q_heads=3, kv_heads=1, head_dim=32, hidden=96, intermediate=256,
             vocab=512, capacity=cap, weight_dtype="float16", tied_embeddings=True)
         weights = random_weights(cfg, seed=0)
-        model = LlamaModel(cfg, weights, a.device)
+        model = LlamaModel(cfg, weights, a.device, timestamps="bounds")
         source = "random weights"
     else:
         from pootvk.llm.gguf import load_gguf
@@ -318,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         gm = load_gguf(a.model, capacity=cap)
         cfg = replace(gm.config, tied_embeddings=gm.tied_embeddings)
         weights = {n: x for n, x in gm.weights.items() if n in cfg.weight_shapes()}
-        model = LlamaModel(cfg, weights, a.device)
+        model = LlamaModel(cfg, weights, a.device, timestamps="bounds")
         path, source = str(gm.path), str(gm.path)
     build_s = time.perf_counter() - t0
     dev = model.device
@@ -328,7 +349,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{build_s:.1f} s")
     counts = plan_counts(model)
     print(f"plan: {counts['kernels']} kernels per decode step ({counts['per_layer']:.1f} per "
-          f"layer), by family {counts['families']}")
+          f"layer), by family {counts['families']}; barriers per decode step "
+          f"{counts['barriers']['level']} in level order, {counts['barriers']['program']} in "
+          "the plan's order")
     worst = check(model, weights)
     print(f"check: 16-token prefill + 2 decode steps vs the oracle, worst nse {worst:.2e}")
     if worst > TOL:
@@ -342,14 +365,24 @@ def main(argv: list[str] | None = None) -> int:
           f"{pre['wall_ms']:.2f} ms; graphs run: "
           + ", ".join(f"{n} x {rows} rows" for rows, n in
                       sorted(Counter(pre["chunks"]).items())) + ")")
-    dec = [bench_decode(model, timed, p, a.warm, a.steps, ceiling.gbps) for p in positions]
+    dec = []
+    for order in orders:
+        for prog in (model.program, timed):
+            prog.rerecord(program_order=order == "program")
+        dec += [{**bench_decode(model, timed, p, a.warm, a.steps, ceiling.gbps),
+                 "order": order, "barriers": model.program.barriers} for p in positions]
+    for prog in (model.program, timed):
+        prog.rerecord(program_order=False)
     print("decode:")
-    print(f"  {'position':>8} {'tokens/s':>9} {'wall ms':>8} {'GPU ms':>8} "
-          + " ".join(f"{f:>18}" for f in FAMILIES) + f" {'read ceiling':>12}")
+    print(f"  {'order':>7} {'barriers':>8} {'position':>8} {'tokens/s':>9} {'wall ms':>8} "
+          f"{'step GPU':>8} {'GPU ms':>8} " + " ".join(f"{f:>18}" for f in FAMILIES)
+          + f" {'read ceiling':>12}")
     for r in dec:
         g = "n/a" if r["gpu_ms"] is None else f"{r['gpu_ms']:.3f}"
+        sg = "n/a" if r["step_gpu_ms"] is None else f"{r['step_gpu_ms']:.3f}"
         fr = "n/a" if r["read_fraction"] is None else f"{r['read_fraction']:.1%}"
-        print(f"  {r['position']:>8} {r['tokens_per_s']:>9.1f} {r['wall_ms']:>8.3f} {g:>8} "
+        print(f"  {r['order']:>7} {r['barriers']:>8} {r['position']:>8} "
+              f"{r['tokens_per_s']:>9.1f} {r['wall_ms']:>8.3f} {sg:>8} {g:>8} "
               + " ".join(f"{r['families_ms'][f]:>15.3f} ms" for f in FAMILIES) + f" {fr:>12}")
     peers: dict[str, dict | str] = {}
     for name, fn in (("torch", lambda: bench_torch(cfg, weights, a.prompt, positions,

@@ -13,6 +13,8 @@ process-wide one from :func:`config`).
 | POOTVK_CACHE_MAX_BYTES | cache_max_bytes | disk SPIR-V cache cap; oldest files go (256 MiB)   |
 | POOTVK_PIPELINE_STATS | pipeline_stats | 1 = capture driver statistics of compute pipelines |
 |                     |              | (registers, spills...; Pipeline.statistics())        |
+| POOTVK_PROGRAM_ORDER | program_order | 1 = record dispatches in the plan's order, not level |
+|                     |              | by level (vk.hazards.level_order; for comparisons)   |
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class Config:
     fence_timeout_s: float = 600.0
     cache_max_bytes: int = 256 << 20
     pipeline_stats: bool = False
+    program_order: bool = False
 
     @staticmethod
     def from_env(env: dict[str, str] | None = None) -> Config:
@@ -45,6 +48,7 @@ class Config:
             fence_timeout_s=float(env.get("POOTVK_FENCE_TIMEOUT_S", "") or 600.0),
             cache_max_bytes=int(env.get("POOTVK_CACHE_MAX_BYTES", "") or 256 << 20),
             pipeline_stats=env.get("POOTVK_PIPELINE_STATS", "0") not in ("", "0", "false", "no"),
+            program_order=env.get("POOTVK_PROGRAM_ORDER", "0") not in ("", "0", "false", "no"),
         )
 
 

@@ -35,7 +35,7 @@ from ..ir import F16, F32, I32, DType, Graph, SlotKind, Var
 from ..ops import Builder, attention_live, causal_mask, rope_tables
 from ..oracle import evaluate
 from ..runtime.program import Program
-from ..vk import Device
+from ..vk import Device, Timestamps
 
 WEIGHT_DTYPES: dict[str, DType] = {"float32": F32, "float16": F16}
 #: prompt rows a prefill graph is traced for; a prompt is padded up to one of them (and a
@@ -359,7 +359,8 @@ class LlamaModel(_Decoder):
 
     def __init__(self, cfg: LlamaConfig, weights: Mapping[str, np.ndarray] | None = None,
                  device: Device | int | str | None = None, *, seed: int = 0,
-                 timestamps: bool = False, buckets: tuple[int, ...] | None = None) -> None:
+                 timestamps: Timestamps = False,
+                 buckets: tuple[int, ...] | None = None) -> None:
         self.cfg = cfg
         self.graph = trace_llama(cfg)
         self.timestamps = timestamps

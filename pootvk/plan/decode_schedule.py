@@ -38,6 +38,12 @@ def kv_itemsize(kv_dtype: str) -> int:
 #: Seed rules (DESIGN.md "Split-KV decode"); see choose_decode_schedule for the measured ones.
 MAX_SPLITS = 16
 MIN_CHUNK = 128
+#: A cache of at most this many K/V bytes per (batch row, KV head) keeps MAX_SPLITS even
+#: when few KV heads would take up to MAX_SPLITS_FEW: past MAX_SPLITS the combine is a second
+#: launch, a dependent link that costs more than the extra splits save on a short cache
+#: (H200, SmolLM2's attention (1,9,3,4160) D=64 F32 live: 16 fused splits 13.4 us at 128
+#: keys and 15.7 at 4096, against 16.3 and 18.7 for 22 splits and a combine launch).
+FEW_SPLITS_BYTES = 4 << 20
 #: Workgroups per compute unit the split count aims for (llama.cpp and FA2 use 2).
 WAVES_PER_CU = 2
 #: Floats of query + accumulator state one lane keeps in registers (named scalars):
@@ -379,7 +385,8 @@ def default_splits(p: DecodeProblem, profile: DeviceProfile, blocks: int, tile: 
     No split when Lq > 1 (seed rule), when the (batch, KV head, row block) workgroups already
     fill the compute units (one each), or when a chunk would fall under MIN_CHUNK keys. At
     most ``max_splits`` (16), raised to MAX_SPLITS_FEW (64) when 16 splits would still
-    fill at most half of the compute units (a single KV head, B=1). A device without a
+    fill at most half of the compute units (a single KV head, B=1) and the cache holds more
+    than FEW_SPLITS_BYTES per KV head (a short one keeps the fused combine). A device without a
     compute-unit count (lavapipe, recorded profiles without it) is not split.
 
     Measured on the H200 (132 SMs, D=128, 256-lane workgroups; bench/decode_probe.py):
@@ -394,7 +401,7 @@ def default_splits(p: DecodeProblem, profile: DeviceProfile, blocks: int, tile: 
     target = WAVES_PER_CU * cu
     if base >= cu:
         return 1
-    if base * max_splits * 2 <= cu:
+    if base * max_splits * 2 <= cu and p.kv_bytes > FEW_SPLITS_BYTES * p.b * p.hkv:
         max_splits = max(max_splits, MAX_SPLITS_FEW)
     splits = min(max_splits, -(-target // base))
     # chunks of at least MIN_CHUNK keys, rounded to the tile

@@ -19,7 +19,7 @@ from ..ir import Graph
 from ..passes import compile_graph
 from ..plan import Plan, plan_graph
 from ..shaders.generate import compile_plan
-from ..vk import Device, shared_device
+from ..vk import Device, Timestamps, shared_device
 from .replay import Replay
 
 log = logging.getLogger("pootvk")
@@ -55,7 +55,7 @@ def build_plan(g: Graph, device: Device) -> Plan:
     return plan
 
 
-def build_replay(g: Graph, device: Device, *, timestamps: bool = False,
+def build_replay(g: Graph, device: Device, *, timestamps: Timestamps = False,
                  share: Replay | None = None) -> Replay:
     """A new (uncached) Replay for ``g``: the caller owns it and closes it. With ``share``
     it binds that Replay's param and state buffers of the same slots (``Replay._borrow``)."""

@@ -24,7 +24,7 @@ from ..errors import BindError, Closed
 from ..ir import Graph, SlotKind
 from ..ir.bind import check_bind
 from ..plan import Plan
-from ..vk import Device
+from ..vk import Device, Timestamps
 from . import build_replay, resolve_device
 
 
@@ -34,7 +34,7 @@ class Program:
     from several threads run one at a time (a call's binds and its step are not split)."""
 
     def __init__(self, graph: Graph, device: Device | int | str | None = None, *,
-                 timestamps: bool = False, share: Program | None = None) -> None:
+                 timestamps: Timestamps = False, share: Program | None = None) -> None:
         self.graph = graph
         self.device = share.device if share is not None and device is None \
             else resolve_device(device)
@@ -108,16 +108,23 @@ class Program:
         return self._replay.read_state(name)
 
     def gpu_time_ns(self) -> float | None:
-        """GPU time of the last call (``timestamps=True``)."""
+        """GPU time of the last call (``timestamps=True`` or ``"bounds"``: the latter
+        brackets the whole step only, so it is the step's time as it runs untimed)."""
         return self._replay.gpu_time_ns()
 
     def dispatch_times_ns(self) -> list[tuple[str, float]] | None:
         """(kernel label, device ns) of every dispatch of the last call (``timestamps=True``)."""
         return self._replay.dispatch_times_ns()
 
-    def rerecord(self) -> None:
-        """Record the command buffer again (the benchmark's record-every-step baseline)."""
-        self._replay.rerecord()
+    def rerecord(self, program_order: bool | None = None) -> None:
+        """Record the command buffer again (the benchmark's record-every-step baseline);
+        ``program_order`` True/False switches to the plan's order / level order."""
+        self._replay.rerecord(program_order)
+
+    @property
+    def barriers(self) -> int:
+        """Compute->compute barriers recorded between one call's dispatches."""
+        return self._replay.barriers
 
     def close(self) -> None:
         self._replay.close()
@@ -130,7 +137,7 @@ class Program:
 
 
 def compile_program(graph: Graph, device: Device | int | str | None = None, *,
-                    timestamps: bool = False, share: Program | None = None) -> Program:
+                    timestamps: Timestamps = False, share: Program | None = None) -> Program:
     """Compile, plan and record ``graph`` for ``device`` (None: the default device, or
     ``share``'s); exported as ``pootvk.compile``. ``share``: bind that Program's param and
     state buffers (see the module docstring)."""

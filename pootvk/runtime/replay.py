@@ -31,7 +31,7 @@ from ..ir.bind import check_bind
 from ..ir.dtypes import device_bytes, device_numpy, from_device
 from ..ir.prims import INDEX_GUARD
 from ..plan import BufferRole, Location, Plan
-from ..vk import Buffer, BufferRange, Device, Dispatch, Recorder, Recording
+from ..vk import Buffer, BufferRange, Device, Dispatch, Recorder, Recording, Timestamps
 
 
 class _Resources:
@@ -71,8 +71,8 @@ class Replay:
     collection) frees its buffers and recording; use after close raises Closed."""
 
     def __init__(
-        self, device: Device, plan: Plan, spirv: list[bytes], *, timestamps: bool = False,
-        share: Replay | None = None,
+        self, device: Device, plan: Plan, spirv: list[bytes], *, timestamps: Timestamps = False,
+        share: Replay | None = None, program_order: bool | None = None,
     ) -> None:
         self.device, self.plan = device, plan
         self._res = _Resources(device)
@@ -125,7 +125,7 @@ class Replay:
                              push=push)
                 )
             self._res.recording = Recorder(device).record(
-                dispatches, timestamps=timestamps, uploads=uploads
+                dispatches, timestamps=timestamps, uploads=uploads, program_order=program_order
             )
             self.recordings += 1
         except BaseException:
@@ -320,19 +320,29 @@ class Replay:
                     raise GuardFailed(name, int(w[-1]), int(w[0]), lo, hi)
             return out
 
-    def rerecord(self) -> None:
+    def rerecord(self, program_order: bool | None = None) -> None:
         """Record the command buffer again from the same dispatches and drop the old one:
         what a runtime that records every step pays (descriptor sets, command buffer). Only
-        the benchmarks call it, as the baseline replay is measured against."""
+        the benchmarks call it, as the baseline replay is measured against, or with
+        ``program_order`` (None: as before) to time the plan's order against level order
+        (``Recording.order``) in one run."""
         with self._lock:
             self._require_open()
             old = self._res.recording
             assert old is not None
+            keep = old.program_order if program_order is None else program_order
             self._res.recording = Recorder(self.device).record(
-                old.dispatches, timestamps=old.timestamps, uploads=old.uploads
+                old.dispatches, timestamps=old.timestamps, uploads=old.uploads,
+                program_order=keep,
             )
             old.destroy()
             self.recordings += 1
+
+    @property
+    def barriers(self) -> int:
+        """Compute->compute barriers recorded between this step's dispatches."""
+        rec = self._res.recording
+        return rec.barriers if rec is not None else 0
 
     def gpu_time_ns(self) -> float | None:
         with self._lock:
@@ -340,8 +350,9 @@ class Replay:
             return rec.gpu_time_ns() if rec else None
 
     def dispatch_times_ns(self) -> list[tuple[str, float]] | None:
-        """(kernel label, device ns) of every dispatch of the last step (None without
-        timestamps): where a step's GPU time goes, kernel by kernel."""
+        """(kernel label, device ns) of every dispatch of the last step, in the plan's
+        kernel order whatever order they were recorded in (None without timestamps): where
+        a step's GPU time goes, kernel by kernel."""
         with self._lock:
             rec = self._res.recording
             times = rec.dispatch_times_ns() if rec else None

@@ -370,19 +370,44 @@ def generate_decode_partial(r: DecodeRequest) -> str:
         emit(f"m{i} = mn{i};", 2)
     emit("}")
 
-    # fold the lane groups: (m, l) of every row, then each row's accumulators in turn
-    emit("if (li == 0u) {")
+    # Fold the lane groups. With subgroups, the groups of one subgroup first merge their
+    # (m, l, o) by xor shuffles (log2(subgroup / LPK) steps, every lane ends with the
+    # subgroup's state), so the serial fold through workgroup memory below walks one entry
+    # per subgroup (8 on a 256-lane NVIDIA workgroup) instead of one per group (32 with 8
+    # lanes per key): the fold was most of a short decode's time (H200, 128 keys: ~12 us).
+    if r.subgroup:
+        emit(f"for (uint off = {LPK}u; off < gl_SubgroupSize; off <<= 1u) {{")
+        for i in range(R):
+            emit("{", 2)
+            emit(f"float mo = subgroupShuffleXor(m{i}, off);", 3)
+            emit(f"float lo = subgroupShuffleXor(l{i}, off);", 3)
+            for x in range(NOX):
+                emit(f"{vt} oo{x} = subgroupShuffleXor(o{i}_{x}, off);", 3)
+            emit(f"float mn = max(m{i}, mo);", 3)
+            emit(f"float wa = (m{i} == NEG_INF) ? 0.0 : exp(m{i} - mn);", 3)
+            emit("float wb = (mo == NEG_INF) ? 0.0 : exp(mo - mn);", 3)
+            emit(f"l{i} = l{i} * wa + lo * wb;", 3)
+            for x in range(NOX):
+                emit(f"o{i}_{x} = o{i}_{x} * wa + oo{x} * wb;", 3)
+            emit(f"m{i} = mn;", 3)
+            emit("}", 2)
+        emit("}")
+        ent, nent = "gl_SubgroupID", "gl_NumSubgroups"  # one fold entry per subgroup
+        writer = f"gl_SubgroupInvocationID < {LPK}u"  # the subgroup's first lane group
+    else:
+        ent, nent, writer = "gi", f"{NG}u", ""
+    emit(f"if ({writer + ' && ' if writer else ''}li == 0u) {{")
     for i in range(R):
-        emit(f"s_m[{i * NG}u + gi] = m{i};", 2)
-        emit(f"s_l[{i * NG}u + gi] = l{i};", 2)
+        emit(f"s_m[{i * NG}u + {ent}] = m{i};", 2)
+        emit(f"s_l[{i * NG}u + {ent}] = l{i};", 2)
     emit("}")
     emit("barrier();")
     for i in range(R):
         emit("{")
         emit("float M = NEG_INF;", 2)
-        emit(f"for (uint u = 0u; u < {NG}u; ++u) M = max(M, s_m[{i * NG}u + u]);", 2)
+        emit(f"for (uint u = 0u; u < {nent}; ++u) M = max(M, s_m[{i * NG}u + u]);", 2)
         emit("float Lsum = 0.0;", 2)
-        emit(f"for (uint u = 0u; u < {NG}u; ++u) {{", 2)
+        emit(f"for (uint u = 0u; u < {nent}; ++u) {{", 2)
         emit(f"float mu = s_m[{i * NG}u + u];", 3)
         emit(f"float lu = s_l[{i * NG}u + u];", 3)
         emit("Lsum += isnan(lu) ? lu : (mu == NEG_INF) ? 0.0 : lu * exp(mu - M);", 3)
@@ -390,13 +415,18 @@ def generate_decode_partial(r: DecodeRequest) -> str:
         emit(f"float f = (m{i} == NEG_INF) ? 0.0 : exp(m{i} - M);", 2)
         if i:
             emit("barrier();  // the previous row's reads of s_o are done", 2)
+        if writer:
+            emit(f"if ({writer}) {{", 2)
         for x in range(NOX):
             d, e = divmod(x, per)
-            emit(f"s_o[gi * {DVW}u + ({d * LPK}u + li) * {per}u + {e}u] = o{i}_{x} * f;", 2)
+            emit(f"s_o[{ent} * {DVW}u + ({d * LPK}u + li) * {per}u + {e}u] = o{i}_{x} * f;",
+                 3 if writer else 2)
+        if writer:
+            emit("}", 2)
         emit("barrier();", 2)
         emit(f"for (uint c = lane; c < {DVW}u; c += {WG}u) {{", 2)
         emit(f"{vt} acc = {vt}(0.0);", 3)
-        emit(f"for (uint u = 0u; u < {NG}u; ++u) acc += s_o[u * {DVW}u + c];", 3)
+        emit(f"for (uint u = 0u; u < {nent}; ++u) acc += s_o[u * {DVW}u + c];", 3)
         if split:
             emit(f"uint pb = (orow{i} * {r.splits}u + split) * {r.dv + 2}u;", 3)
             if W == 4:

@@ -11,7 +11,7 @@ from .memory import Buffer
 from .owned import Owned
 from .physical import PhysicalDeviceInfo, physical_devices
 from .pipeline import Pipeline
-from .recorder import BufferRange, Dispatch, InvalidBinding, Recorder, Recording
+from .recorder import BufferRange, Dispatch, InvalidBinding, Recorder, Recording, Timestamps
 from .validation import clear_validation_messages, validation_messages
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "Pipeline",
     "Recorder",
     "Recording",
+    "Timestamps",
     "barriers_before",
     "clear_validation_messages",
     "default_device",

@@ -11,7 +11,7 @@ leaves nothing half-built.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import vulkan as vk
 
@@ -24,7 +24,7 @@ from pootvk.errors import (
     VulkanError,
 )
 
-from .hazards import Access, barriers_before
+from .hazards import Access, barriers_before, level_order
 from .instance import call
 from .memory import Buffer
 from .owned import Owned
@@ -127,6 +127,11 @@ def validate_dispatch(device: Device, d: Dispatch, index: int) -> None:
         raise GridLimit(g[0] * g[1] * g[2], mx[0], mx[1])
 
 
+#: A recording's timestamps: True (after every dispatch), "bounds" (first and last only) or
+#: False (none).
+Timestamps = bool | Literal["bounds"]
+
+
 class Recorder:
     """Builds Recordings on one device."""
 
@@ -137,10 +142,19 @@ class Recorder:
         self,
         dispatches: list[Dispatch],
         *,
-        timestamps: bool = False,
+        timestamps: Timestamps = False,
         uploads: list[tuple[Buffer, Buffer, int]] = (),  # type: ignore[assignment]
+        program_order: bool | None = None,
     ) -> Recording:
         """Validate every dispatch, then record them into one command buffer.
+
+        ``timestamps``: True, a timestamp after every dispatch (per-dispatch times, at a
+        cost of their own); ``"bounds"``, one before the first and one after the last (the
+        step's GPU time as it runs untimed); False, none.
+
+        Dispatches are recorded level by level (:func:`~pootvk.vk.hazards.level_order`:
+        fewest barriers, same results) unless ``program_order`` (None: the device config's
+        ``program_order``, POOTVK_PROGRAM_ORDER) keeps the order given.
 
         ``uploads`` are (host staging, device buffer, bytes) copies recorded before the first
         dispatch: per-step inputs land in device memory each replay, so kernels never read
@@ -154,16 +168,29 @@ class Recorder:
             for buf in (src, dst):
                 if buf.device is not self.device or buf.destroyed or n > buf.size or n <= 0:
                     raise InvalidBinding("upload", -1, f"cannot copy {n} bytes via {buf.name!r}")
-        return Recording(self.device, list(dispatches), timestamps, list(uploads))
+        if program_order is None:
+            program_order = self.device.config.program_order
+        return Recording(self.device, list(dispatches), timestamps, list(uploads),
+                         program_order=program_order)
 
 
 class Recording(Owned):
     """Owns a descriptor pool (one set per dispatch), a command pool + primary command
     buffer, a fence and, with timestamps, a query pool. Replay with :meth:`submit`.
 
-    ``barrier_before[i]`` says whether a compute->compute barrier was recorded before
-    dispatch ``i`` (only where it touches what an earlier dispatch since the last barrier
-    wrote, or writes what one read; see :func:`~pootvk.vk.hazards.barriers_before`).
+    ``dispatches`` is the order the caller gave (the plan's); ``order`` the order recorded
+    (indices into ``dispatches``: level order, or ``range`` with ``program_order``).
+    Everything else per dispatch is indexed like ``dispatches``: ``barrier_before[i]`` says
+    whether a compute->compute barrier was recorded right before ``dispatches[i]`` (only
+    where it touches what an earlier recorded dispatch since the last barrier wrote, or
+    writes what one read; see :func:`~pootvk.vk.hazards.barriers_before`), and
+    :meth:`dispatch_times_ns` gives ``dispatches[i]``'s time at ``[i]``, so a caller's
+    labels stay with their times whatever the recorded order.
+
+    The other commands keep their places, none depends on the dispatch order: the uploads
+    go before the first dispatch behind their own barriers, the timestamp pool is reset
+    before it, one timestamp follows every recorded dispatch, and one barrier closes the
+    buffer for the host. Validation witnesses are cleared by the host before each submit.
     """
 
     HANDLES = (
@@ -182,19 +209,40 @@ class Recording(Owned):
         self,
         device: Device,
         dispatches: list[Dispatch],
-        timestamps: bool,
+        timestamps: Timestamps,
         uploads: list[tuple[Buffer, Buffer, int]] | None = None,
+        *,
+        program_order: bool = False,
     ) -> None:
         self.dispatches = dispatches
         self.uploads = uploads or []
-        self.timestamps = timestamps and device.timestamp_valid_bits > 0
-        self.barrier_before: tuple[bool, ...] = barriers_before(dispatches)
+        self.timestamps = bool(timestamps) and device.timestamp_valid_bits > 0
+        self.bounds_only = timestamps == "bounds"  # no timestamp between dispatches
+        self.program_order = program_order
+        self.order: tuple[int, ...] = (
+            tuple(range(len(dispatches))) if program_order else level_order(dispatches)
+        )
+        placed = barriers_before([dispatches[i] for i in self.order])
+        before = [False] * len(dispatches)
+        for i, b in zip(self.order, placed, strict=True):
+            before[i] = b
+        self.barrier_before: tuple[bool, ...] = tuple(before)
         self._pending = False
         self._submitted = False
         #: What DeviceTimeout names: the dispatches' labels.
         self.label = "+".join(d.label or f"#{i}" for i, d in enumerate(dispatches)) or "empty"
-        self._n_queries = len(dispatches) + 1
+        self._n_queries = 2 if self.bounds_only else len(dispatches) + 1
         super().__init__(device)
+
+    @property
+    def recorded(self) -> list[Dispatch]:
+        """The dispatches in the order they were recorded."""
+        return [self.dispatches[i] for i in self.order]
+
+    @property
+    def barriers(self) -> int:
+        """Compute->compute barriers between dispatches (what a step's chain pays for)."""
+        return sum(self.barrier_before)
 
     # --- construction --------------------------------------------------------------------
 
@@ -281,8 +329,9 @@ class Recording(Owned):
             vk.vkCmdWriteTimestamp(cb, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, self.query_pool, 0)
         # Host writes are made visible by the submit itself; transfers (staging uploads)
         # carry their own trailing barrier. Between dispatches, a barrier only on a hazard.
-        for n, (s, d) in enumerate(zip(self.sets, self.dispatches, strict=True)):
-            if self.barrier_before[n]:
+        for n, i in enumerate(self.order):
+            s, d = self.sets[i], self.dispatches[i]
+            if self.barrier_before[i]:
                 self._barrier(
                     compute, compute, vk.VK_ACCESS_SHADER_WRITE_BIT,
                     vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT,
@@ -298,10 +347,13 @@ class Recording(Owned):
                                       0, 4 * len(d.push), words)
             gx, gy, gz = (int(x) for x in d.groups)
             vk.vkCmdDispatch(cb, gx, gy, gz)
-            if self.timestamps:
+            if self.timestamps and not self.bounds_only:
                 vk.vkCmdWriteTimestamp(
                     cb, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, self.query_pool, n + 1
                 )
+        if self.timestamps and self.bounds_only:
+            vk.vkCmdWriteTimestamp(cb, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT,
+                                   self.query_pool, 1)
         # Results must be visible to host reads and to staging copies after the fence.
         self._barrier(
             compute, vk.VK_PIPELINE_STAGE_HOST_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT,
@@ -382,12 +434,18 @@ class Recording(Owned):
         return (ts[-1] - ts[0]) * self.device.profile.timestamp_period_ns
 
     def dispatch_times_ns(self) -> list[float] | None:
-        """Per-dispatch device time of the last submit (None without timestamps)."""
+        """Per-dispatch device time of the last submit, indexed like ``dispatches`` (None
+        without per-dispatch timestamps): the time from the timestamp before a dispatch in
+        the recorded order to the one after it. Dispatches that overlap (no barrier between
+        them) split their time this way too; the sum is the submit's first-to-last time."""
         ts = self._timestamps()
-        if ts is None:
+        if ts is None or self.bounds_only:
             return None
         period = self.device.profile.timestamp_period_ns
-        return [(b - a) * period for a, b in zip(ts, ts[1:], strict=False)]
+        out = [0.0] * len(self.dispatches)
+        for n, i in enumerate(self.order):
+            out[i] = (ts[n + 1] - ts[n]) * period
+        return out
 
     # --- lifetime ------------------------------------------------------------------------
 

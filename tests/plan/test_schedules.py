@@ -21,7 +21,7 @@ from pootvk.plan import (
     recorded_profile,
     recorded_profiles,
 )
-from pootvk.plan.decode_schedule import MAX_SPLITS, MAX_SPLITS_FEW, MIN_CHUNK
+from pootvk.plan.decode_schedule import FEW_SPLITS_BYTES, MAX_SPLITS, MAX_SPLITS_FEW, MIN_CHUNK
 
 BENCH = [(1, 32, 8, 4096), (1, 32, 8, 32768), (1, 32, 8, 131072), (8, 32, 8, 8192),
          (1, 32, 32, 32768), (32, 32, 8, 2048), (1, 8, 1, 65536)]
@@ -49,7 +49,8 @@ def test_the_split_rule_on_every_profile(name, shape):
     if prof.device_type == "cpu" or base >= cu:
         assert req.splits == 1  # the rows already fill the compute units (or a CPU)
     else:
-        cap = MAX_SPLITS_FEW if base * MAX_SPLITS * 2 <= cu else MAX_SPLITS
+        few = base * MAX_SPLITS * 2 <= cu and lk * 128 * 4 * 2 > FEW_SPLITS_BYTES
+        cap = MAX_SPLITS_FEW if few else MAX_SPLITS
         assert 1 <= req.splits <= cap
         assert req.splits == 1 or req.chunk >= MIN_CHUNK  # never a chunk under 128 keys
         assert base * (req.splits - 1) < 2 * cu  # ~2 workgroups per compute unit (ceil)
@@ -71,6 +72,12 @@ def test_h200_splits_measured_rules():
     assert plan_for(h200, 1, 8, 1, 65536).kernels[0].request.splits == 64  # one KV head
     assert plan_for(h200, 32, 32, 8, 2048).kernels[0].request.splits == 1  # 256 >= 132 SMs
     assert plan_for(h200, 1, 32, 8, 32768, lq=3).kernels[0].request.splits == 1  # Lq > 1
+    # few KV heads over a short cache (<= FEW_SPLITS_BYTES each, SmolLM2's attention) stay
+    # at MAX_SPLITS, so the combine is fused into the partial launch
+    short = plan_for(h200, 1, 9, 3, 4160, d=64).kernels
+    assert len(short) == 1 and 1 < short[0].request.splits <= MAX_SPLITS
+    assert short[0].request.fused_combine
+    assert plan_for(h200, 1, 9, 3, 32768, d=64).kernels[0].request.splits > MAX_SPLITS
 
 
 def test_16bit_kv_needs_16bit_storage_on_the_profile():

@@ -96,6 +96,7 @@ def test_model_decode_bench_quick(capsys, device):
     out = capsys.readouterr().out
     assert "check: 2 steps vs the oracle" in out
     assert "replay" in out and "rerecord" in out and "host time per token" in out
+    assert "program order" in out and "barriers per step" in out
 
 
 def test_two_programs_share_params_and_state(device):

@@ -376,3 +376,21 @@ def test_chooser_limits():
     h = recorded_profile("nvidia_h200")
     assert hash(choose_decode_schedule(p, h, has_subgroup_shuffle=True)) == \
         hash(choose_decode_schedule(p, h, has_subgroup_shuffle=True))
+
+
+@pytest.mark.parametrize("lanes", [1, 2, 4])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_subgroup_fold_of_lane_groups(device, lanes, splits):
+    """Key groups narrower than the subgroup merge their (m, l, o) by xor shuffles before the
+    workgroup fold (lavapipe's subgroup is 8 lanes wide: 8, 4 and 2 groups per subgroup),
+    with several rows per workgroup, a live length and a row that sees nothing (masked)."""
+    b, hq, lq, lk = 2, 6, 1, 300
+    m = np.zeros((b, hq, lq, lk), np.float32)
+    m[0, 1, 0, :] = -np.inf  # one row sees no key: NaN out, like the reference
+    m[1, :, 0, 7:] = -np.inf
+    req, got = case(device, b=b, hq=hq, hkv=2, lq=lq, lk=lk, dk=64, dv=64, mask_array=m,
+                    splits=splits, live=[250, 131], seed=lanes + splits,
+                    overrides={"lanes_per_key": lanes, "rows_per_wg": 3})
+    assert req.subgroup and req.lanes_per_key == lanes
+    assert req.rows_per_wg > 1 and req.key_groups >= 8 // lanes * 2
+    assert np.isnan(got[0, 1]).all() and not np.isnan(got[0, 0]).any()

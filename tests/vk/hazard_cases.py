@@ -1,9 +1,11 @@
-"""Barrier-placement cases for the recorder, shared by the in-process tests and a run under
-the validation layer's synchronization validation (``python -m tests.vk.hazard_cases``).
+"""Barrier-placement and reordering cases for the recorder, shared by the in-process tests
+and a run under the validation layer's synchronization validation (``python -m
+tests.vk.hazard_cases``).
 
 Every case is a short list of elementwise dispatches over ranges of two buffers, with the
-barriers the recorder must place. The expected numbers come from running the same dispatches
-one after another in numpy: what barriers must guarantee, whatever the device overlaps.
+order the recorder must record them in (level order) and the barriers it must place. The
+expected numbers come from running the same dispatches one after another in numpy, in the
+order given: what barriers and reordering must preserve, whatever the device overlaps.
 """
 
 from __future__ import annotations
@@ -63,6 +65,10 @@ class Case:
     #: False where the layer does not report ``hazard`` (seen with VVL 1.3.239: no WAW
     #: between two compute dispatches writing one storage buffer without a barrier).
     layer_reports: bool = True
+    #: The recorded order (``Recording.order``); None: the order given.
+    order: tuple[int, ...] | None = None
+    #: Barriers the order given would need; None: as many as the recorded order.
+    program_barriers: int | None = None
 
 
 def inc(src: Ref, dst: Ref, declared: bool = True) -> Op:
@@ -107,6 +113,55 @@ CASES = (
          (add(p(0), p(1), p(2), declared=False), add(p(1), p(0), p(3), declared=False)),
          (False, True)),
 )
+
+#: Cases where level order differs from the order given.
+REORDER_CASES = (
+    # Two chains interleaved link by link: the order given needs a barrier before each
+    # second link (2); level order records both first links, then both second links (1).
+    Case("independent chains interleave",
+         (inc(p(0), p(1)), inc(p(1), p(2)), inc(q(0), q(1)), inc(q(1), q(2))),
+         (False, True, False, False), "SYNC-HAZARD-READ-AFTER-WRITE",
+         order=(0, 2, 1, 3), program_barriers=2),
+    # The task's decode-step shape: qk | rope | v | k write | v write | attention.
+    Case("decode step shape",
+         (inc(p(0), p(1)), inc(p(1), p(2)), inc(q(0), q(1)), inc(p(2), p(3)), inc(q(1), q(2)),
+          add(p(3), q(2), p(4))),
+         (False, True, False, True, False, True), "SYNC-HAZARD-READ-AFTER-WRITE",
+         order=(0, 2, 1, 4, 3, 5)),
+    # An arena slot reused: d1 reads p0 (a value's bytes), d2 writes a new value there and
+    # has no other hazard. Only WAR keeps d2 after d1; without it d2 would be level 0 and
+    # run before its reader. d3 is independent and moves up.
+    Case("WAR through reused bytes keeps the reader first",
+         (inc(q(0), q(1)), add(q(1), p(0), p(2)), inc(q(2), p(0)), inc(q(4), q(5))),
+         (False, True, True, False), "SYNC-HAZARD-READ-AFTER-WRITE", order=(0, 3, 1, 2)),
+    # The same bytes (p1) hold two values in turn: the second writer (d2) waits for the
+    # first value's writer (WAW) and reader (WAR); the second value's reader waits for it.
+    Case("WAW and WAR through reused bytes",
+         (inc(p(0), p(1)), inc(p(1), p(2)), inc(q(0), p(1)), inc(p(1), q(1)), inc(q(2), q(3))),
+         (False, True, True, True, False), "SYNC-HAZARD-READ-AFTER-WRITE",
+         order=(0, 4, 1, 2, 3)),
+)
+ALL_CASES = CASES + REORDER_CASES
+
+
+def random_ops(rng: np.random.Generator, n: int) -> tuple[Op, ...]:
+    """``n`` random inc/add ops over the two buffers' ranges (shifted ranges overlap their
+    unshifted neighbours: partial hazards). An op's output never overlaps its own inputs
+    (invocations of one dispatch would race), so a program's result is defined."""
+    ops = []
+    for _ in range(n):
+        k = "add" if rng.random() < 0.5 else "inc"
+        refs = [(str(rng.choice(["p", "q"])), int(rng.integers(SEGMENTS)), int(rng.integers(2)))
+                for _ in range(3 if k == "add" else 2)]
+        out = refs[-1]
+        while any(r[:2] == out[:2] for r in refs[:-1]):
+            out = (out[0], int(rng.integers(SEGMENTS)), out[2])
+        ops.append(Op(k, (*refs[:-1], out)))
+    return tuple(ops)
+
+
+#: Random programs the synchronization-validation run records in level order.
+RANDOM_PROGRAMS = 16
 
 
 class Kernels:
@@ -165,17 +220,21 @@ def run_case(
 
 
 def main() -> None:
-    """Run every case twice under synchronization validation: with the recorder's barriers
-    (expect no message) and with every barrier left out (expect the case's hazard). Prints
-    {case name: [messages with barriers, messages without]} as JSON."""
+    """Run every case twice under synchronization validation, in level order: with the
+    recorder's barriers (expect no message) and with every barrier left out (expect the
+    case's hazard); then ``RANDOM_PROGRAMS`` seeded random programs with the recorder's
+    barriers (expect no message, and the numbers of running them in the order given).
+    Prints {"cases": {case name: [messages with barriers, messages without]}, "random":
+    [[messages, results equal], ...]} as JSON."""
     import pootvk.vk.recorder as recorder
     from pootvk.vk import Recorder, clear_validation_messages, validation_messages
 
     placed = recorder.barriers_before
-    out: dict[str, Any] = {}
+    cases: dict[str, Any] = {}
+    random: list[Any] = []
     with Device() as dev:
         k = Kernels(dev)
-        for case in CASES:
+        for case in ALL_CASES:
             runs = []
             for choose in (placed, lambda ds: (False,) * len(ds)):
                 recorder.barriers_before = choose
@@ -183,9 +242,16 @@ def main() -> None:
                 run_case(k, case, Recorder(dev).record)
                 runs.append(validation_messages())
             recorder.barriers_before = placed
-            out[case.name] = runs
+            cases[case.name] = runs
+        rng = np.random.default_rng(7)
+        for i in range(RANDOM_PROGRAMS):
+            case = Case(f"random {i}", random_ops(rng, int(rng.integers(4, 13))), ())
+            clear_validation_messages()
+            _, got, want = run_case(k, case, Recorder(dev).record)
+            same = all(np.array_equal(got[b], want[b]) for b in want)
+            random.append([validation_messages(), same])
     clear_validation_messages()
-    json.dump(out, sys.stdout)
+    json.dump({"cases": cases, "random": random}, sys.stdout)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from pootvk.vk import (
     Recorder,
     barriers_before,
 )
-from tests.vk.hazard_cases import ADD, CASES, Kernels, run_case
+from tests.vk.hazard_cases import ADD, ALL_CASES, RANDOM_PROGRAMS, Kernels, run_case
 
 N = 1000
 
@@ -92,6 +92,23 @@ def test_dependent_dispatches_sub_ranges_and_timestamps(device, add) -> None:
         assert t is not None and t > 0
         assert per is not None and len(per) == 2 and all(p > 0 for p in per)
         assert sum(per) == pytest.approx(t)
+    finally:
+        rec.destroy()
+    # "bounds": two timestamps around the whole step, no per-dispatch times
+    arena.write(r[3].offset, np.zeros(N, np.float32))
+    rec = Recorder(device).record(
+        [
+            Dispatch(add, (r[0], r[1], r[2]), groups(N), "c"),
+            Dispatch(add, (r[2], r[1], r[3]), groups(N), "d"),
+        ],
+        timestamps="bounds",
+    )
+    try:
+        rec.submit()
+        np.testing.assert_array_equal(arena.read_array(r[3].offset, N, np.float32), x + 1.0)
+        t = rec.gpu_time_ns()
+        assert t is not None and t > 0 and rec._n_queries == 2
+        assert rec.dispatch_times_ns() is None
     finally:
         rec.destroy()
         arena.destroy()
@@ -164,19 +181,34 @@ def kernels(device):
     return Kernels(device)
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", ALL_CASES, ids=lambda c: c.name)
 def test_barriers_only_on_hazards(device, kernels, case) -> None:
+    """Level order: the case's recorded order and barriers, and the numbers of running the
+    dispatches one after another in the order given; the order given (program_order)
+    gives the same numbers with the barriers its own order needs."""
     rec, got, want = run_case(kernels, case, Recorder(device).record)
+    assert rec.order == (case.order or tuple(range(len(case.ops))))
     assert rec.barrier_before == case.barriers
-    assert barriers_before(rec.dispatches) == case.barriers
+    placed = barriers_before(rec.recorded)
+    assert tuple(placed[rec.order.index(i)] for i in range(len(case.ops))) == case.barriers
     for b in want:
         np.testing.assert_array_equal(got[b], want[b], err_msg=b)
+    prog, got_p, _ = run_case(
+        kernels, case, lambda ds: Recorder(device).record(ds, program_order=True)
+    )
+    assert prog.order == tuple(range(len(case.ops)))
+    assert prog.barrier_before == barriers_before(prog.dispatches)
+    want_prog = rec.barriers if case.program_barriers is None else case.program_barriers
+    assert prog.barriers == want_prog and rec.barriers <= prog.barriers
+    for b in want:
+        np.testing.assert_array_equal(got_p[b], want[b], err_msg=b)
 
 
 def test_sync_validation_agrees_with_the_barriers(device) -> None:
     """Under the layer's synchronization validation, the recorder's barriers draw no message,
     and leaving every barrier out draws exactly the hazard each case names (none where the
-    recorder placed none): every barrier placed is needed, none left out is."""
+    recorder placed none): every barrier placed is needed, none left out is. Seeded random
+    programs recorded in level order draw no message and give the in-order numbers."""
     from pootvk.vk import validation_active
 
     if not validation_active():
@@ -192,9 +224,13 @@ def test_sync_validation_agrees_with_the_barriers(device) -> None:
         cwd=root, env=env, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    runs = json.loads(proc.stdout)
-    assert set(runs) == {c.name for c in CASES}
-    for case in CASES:
+    out = json.loads(proc.stdout)
+    runs = out["cases"]
+    assert set(runs) == {c.name for c in ALL_CASES}
+    assert len(out["random"]) == RANDOM_PROGRAMS
+    for i, (messages, same) in enumerate(out["random"]):
+        assert messages == [] and same, (i, messages, same)
+    for case in ALL_CASES:
         placed, omitted = runs[case.name]
         assert placed == [], (case.name, placed)
         if not case.hazard:
