@@ -6,6 +6,7 @@ kernel, a concat of computed operands, and state writes that compute their updat
 import numpy as np
 import pytest
 
+from pootvk.cli import kernel_summary
 from pootvk.errors import GuardFailed
 from pootvk.ir import F16, F32, I32
 from pootvk.ir import prims as P
@@ -88,6 +89,8 @@ def test_a_fused_state_write_on_the_device(device, kv):
     plan = plan_graph(c, device.profile)
     (req,) = [k.request for k in plan.kernels if isinstance(k.request, FusedUpdateRequest)]
     assert req.state == ((1, 2, 6, 8), kv) and req.threads == 16
+    assert kernel_summary(req) == f"fused update {req.body}: 16 invocations, in place"
+    assert req.describe().startswith(f"FusedUpdate[{req.body}] into {kv.value}[1,2,6,8]")
     for p in (-4, 0, 3, 5, 9):
         ins = random_inputs(g, np.random.default_rng(p + 20))
         ins["p"] = np.int32(p)
