@@ -149,6 +149,7 @@ def kernel_summary(req: object) -> str:
         DecodeRequest,
         FusedReduceRequest,
         FusedRequest,
+        FusedUpdateRequest,
         PrimRequest,
         ReduceRequest,
         ScatterRequest,
@@ -170,6 +171,8 @@ def kernel_summary(req: object) -> str:
         return f"{req.prim}: {req.threads} invocations"
     if isinstance(req, FusedRequest):
         return f"fused {req.body}: {req.threads} invocations"
+    if isinstance(req, FusedUpdateRequest):
+        return f"fused update {req.body}: {req.threads} invocations, in place"
     if isinstance(req, FusedReduceRequest):
         what = "row" if req.epilogue is not None else "reduce"
         return f"fused {what} ({req.op.value}): {req.rows} workgroups x {req.lanes} lanes"

@@ -21,8 +21,9 @@ BINARY = ["add", "sub", "mul", "max", "min"]
 def elementwise_graphs(draw: st.DrawFn, tame: bool = False) -> Graph:
     """2-4 inputs of shapes broadcasting to BASE, then 3-14 random steps drawn from the
     elementwise prims, keepdim reductions (some read back by their rows, as a norm or a
-    softmax does), broadcasts and an F16 round trip; some values
-    are exported along the way (fusion must not hide them) and some reused (used twice)."""
+    softmax does), broadcasts, rotations (slices and a concat), transpose and reshape
+    round trips and an F16 round trip; some values are exported along the way (fusion must
+    not hide them) and some reused (used twice)."""
     b = Builder()
     pool: list[Var] = []
     bools: list[Var] = []
@@ -36,7 +37,7 @@ def elementwise_graphs(draw: st.DrawFn, tame: bool = False) -> Graph:
         y = pool[draw(pick) % len(pool)]
         kind = draw(st.sampled_from(
             ["binary", "binary", "unary", "unary", "literal", "compare", "select", "reduce",
-             "row", "row", "broadcast", "f16"]
+             "row", "row", "broadcast", "f16", "move", "move", "permute"]
         ))
         if kind == "binary":
             v = getattr(b, draw(st.sampled_from(binary)))(x, y)
@@ -65,6 +66,26 @@ def elementwise_graphs(draw: st.DrawFn, tame: bool = False) -> Graph:
             v = getattr(b, draw(st.sampled_from(BINARY)))(x, b.unary("Tanh", r))
         elif kind == "broadcast":
             v = b.broadcast(x, BASE)
+        elif kind == "move":  # a rotation along an axis: two slices and a concat (as RoPE)
+            axes = [d for d in range(x.ndim) if x.shape[d] > 1]
+            if not axes:
+                continue
+            axis = axes[draw(pick) % len(axes)]
+            n = x.shape[axis]
+            k = draw(st.integers(1, n - 1))
+            lo = b.slice(x, (0,) * x.ndim, x.shape[:axis] + (k,) + x.shape[axis + 1:])
+            hi = b.slice(x, (0,) * axis + (k,) + (0,) * (x.ndim - axis - 1), x.shape)
+            if draw(st.booleans()):
+                lo = b.unary(draw(st.sampled_from(unary)), lo)
+            v = b.concat([hi, lo], axis)
+        elif kind == "permute":  # a round trip through a transpose and a flat reshape
+            if x.ndim < 2:
+                continue
+            perm = tuple(draw(st.permutations(range(x.ndim))))
+            t = b.unary(draw(st.sampled_from(unary)), b.transpose(x, perm))
+            flat = b.reshape(t, (x.size,))
+            back = b.reshape(flat, t.shape)
+            v = b.transpose(back, tuple(perm.index(d) for d in range(x.ndim)))
         else:
             v = b.convert(b.convert(x, F16), F32)
         pool.append(v)

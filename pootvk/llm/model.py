@@ -3,9 +3,9 @@
 
 Per layer: RMSNorm -> q/k/v projections -> RoPE (HF's non-interleaved convention) ->
 GQA attention over a KV cache held as state (the new rows written at ``pos`` by
-DynamicUpdateSlice) -> output projection + residual -> RMSNorm -> SwiGLU MLP
-(down(silu(gate) * up)) + residual; then a final RMSNorm and the LM head (the embedding
-itself with ``tied_embeddings``).
+DynamicUpdateSlice; k's RoPE and any F16 narrowing fuse into that write) -> output
+projection + residual -> RMSNorm -> SwiGLU MLP (down(silu(gate) * up)) + residual; then a
+final RMSNorm and the LM head (the embedding itself with ``tied_embeddings``).
 
 Weights are stored as HF and GGUF store them, ``W[out, in]``, and traced as
 ``x @ Transpose(Convert(W))``: the matmul fold turns that into one Linear kernel reading W
@@ -107,7 +107,8 @@ class LlamaConfig:
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
         """The graph's weight params: :meth:`weight_shapes` with each layer's ``wq`` and
         ``wk`` packed into one ``wqk`` [(q_heads + kv_heads) * head_dim, hidden] (q rows
-        first), so q and k are one Linear and one RoPE (:func:`model_params` packs them)."""
+        first), so q and k are one Linear (:func:`model_params` packs them); each is rotated
+        from its slice of it (one kernel for q, k's inside its cache write)."""
         out: dict[str, tuple[int, ...]] = {}
         for name, shape in self.weight_shapes().items():
             if name.endswith(".wq"):
@@ -179,11 +180,11 @@ def _trace(cfg: LlamaConfig, rows: int) -> Graph:
     x = f32(b.gather(w["embed"], token))  # [rows, hidden]
     for i in range(cfg.layers):
         h = b.rms_norm(x, w[f"l{i}.attn_norm"], cfg.eps)
-        # q and k as one Linear and one RoPE over hq + hkv heads (``wqk`` packs wq over wk):
-        # one rotation chain per layer instead of two, then two slices
-        qk = b.rope(heads(linear(h, w[f"l{i}.wqk"]), hq + hkv), pos, cos, sin)
-        q = b.slice(qk, (0, 0, 0, 0), (1, hq, rows, d))
-        k = b.slice(qk, (0, hq, 0, 0), (1, hq + hkv, rows, d))
+        # q and k as one Linear (``wqk`` packs wq over wk), rotated apart: the fusion pass
+        # makes each slice + RoPE one kernel, and k's with its cache write (passes.fuse)
+        qk = heads(linear(h, w[f"l{i}.wqk"]), hq + hkv)
+        q = b.rope(b.slice(qk, (0, 0, 0, 0), (1, hq, rows, d)), pos, cos, sin)
+        k = b.rope(b.slice(qk, (0, hq, 0, 0), (1, hq + hkv, rows, d)), pos, cos, sin)
         v = heads(linear(h, w[f"l{i}.wv"]), hkv)
         if cfg.cache_dtype is not F32:
             k, v = b.convert(k, cfg.cache_dtype), b.convert(v, cfg.cache_dtype)

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..ir import Eqn, Literal, Params, Var
 from ..ir import prims as P
-from ..ir.fused import FUSED, FUSED_REDUCE, FUSED_ROW, FusedBody, Leaf
+from ..ir.fused import FUSED, FUSED_REDUCE, FUSED_ROW, FUSED_UPDATE, FusedBody, Leaf, update_parts
 from .evaluate import _literal, eval_eqn, eval_rules
 
 rule = eval_rules.register
@@ -27,7 +27,8 @@ def eval_body(
     body: FusedBody, xs: Sequence[np.ndarray], reduced: np.ndarray | None = None
 ) -> np.ndarray:
     """Every node in order: a leaf is its operand or its literal bound as the oracle binds a
-    Literal; a prim node is what ``eval_eqn`` gives for the eqn it stands for."""
+    Literal; a prim node (an index-moving Slice or Concat too) is what ``eval_eqn`` gives
+    for the eqn it stands for."""
     vals: list[np.ndarray] = []
     for n in body.nodes:
         if n.op is Leaf.OPERAND:
@@ -73,3 +74,18 @@ def _fused_row(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
     x = eval_body(body, xs[: body.n_operands])
     red = _reduce(x, p, True, _reduced_var(body, p, True))
     return eval_body(p["epilogue"], xs, red)
+
+
+@rule(FUSED_UPDATE)
+def _fused_update(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
+    """The body's value written by DynamicUpdateSlice's own rule (its clamp and gates)."""
+    shapes = [Var(x.shape, P.I32) for x in xs]  # only the state's rank is read
+    state, ops, starts, gates = update_parts(FUSED_UPDATE, shapes, p)
+    n, r = len(ops), len(starts)
+    body = p["body"]
+    update = eval_body(body, xs[1:1 + n])
+    out = Var(state.shape, body.out.dtype)
+    args = [xs[0], update, *xs[1 + n:1 + n + r], *xs[1 + n + r:]]
+    (v,) = eval_eqn(Eqn(P.DYNAMIC_UPDATE_SLICE, tuple(Var(a.shape, out.dtype) for a in args),
+                        (out,), Params()), args)
+    return v

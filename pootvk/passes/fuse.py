@@ -11,8 +11,13 @@ whose output
 
 - is read by exactly one eqn (which may read it more than once: ``x * x``),
 - is not observable (an export, a state output or a validation witness), and
-- feeds an elementwise eqn (the two become one ``Fused`` eqn) or a ``Reduce`` (which
-  becomes a ``FusedReduce`` computing the producer on load).
+- feeds an elementwise eqn (the two become one ``Fused`` eqn), an index-moving one
+  (``Slice``, ``Concat``: the body reads through it at a moved index, XLA-style loop
+  fusion, so RoPE's ``x * cos + concat(slice(x), slice(x)) * sin`` is one kernel reading
+  ``x`` at three indices), the update of a ``DynamicUpdateSlice`` (which becomes a
+  ``FusedUpdate`` computing the update in place at its run-time starts, gates kept; not
+  when the update reads the state it overwrites), or a ``Reduce`` (which becomes a
+  ``FusedReduce`` computing the producer on load).
 
 Then a reduction keeping its axis, read by one eqn only and not observable, merges with the
 elementwise chain that reads it when that chain's value has the reduction's row shape: one
@@ -37,7 +42,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir import BOOL, DType, Eqn, Graph, Literal, Params, Prim, Var
-from ..ir.fused import ELEMENTWISE, FUSED, FUSED_REDUCE, FUSED_ROW, FusedBody, Leaf, Node
+from ..ir import prims as P
+from ..ir.fused import (
+    ELEMENTWISE,
+    FUSED,
+    FUSED_REDUCE,
+    FUSED_ROW,
+    FUSED_UPDATE,
+    MOVES,
+    STATE_WRITES,
+    FusedBody,
+    Leaf,
+    Node,
+    moves_reduced,
+    update_parts,
+)
 from ..ir.prims import REDUCE
 from .canonicalize import dead_code_elimination
 
@@ -113,21 +132,36 @@ def _fits(x: _Expr) -> bool:
     return len(ops) <= MAX_OPERANDS and len(body.nodes) <= MAX_NODES
 
 
+def _only_moves(x: _Expr) -> bool:
+    """Whether ``x`` computes nothing: it only moves indices of stored values (a Gather's
+    row is a stored index)."""
+    body, _ = linearize(x)
+    return all(n.op is Leaf.OPERAND or n.op in MOVES or n.op is P.BROADCAST
+               for n in body.nodes)
+
+
+def _body_expr(body: FusedBody, operands: tuple[Var, ...],
+               args: dict[Var, _Expr | Var]) -> _Expr:
+    """A body as an expr whose leaf ``j`` reads ``args[operands[j]]``."""
+    built: list[_Expr | Var] = []
+    for n in body.nodes:
+        if n.op is Leaf.OPERAND:
+            built.append(args[operands[n.params["index"]]])
+        elif n.op is Leaf.LITERAL:
+            built.append(Literal(n.params["value"], n.dtype))
+        else:
+            assert isinstance(n.op, Prim)  # a Fused body has no REDUCED leaf
+            built.append(_Expr(n.op, n.params, tuple(built[a] for a in n.args),
+                               n.shape, n.dtype))
+    root = built[-1]
+    assert isinstance(root, _Expr)  # a body is never one leaf
+    return root
+
+
 def _expr_of(e: Eqn, args: dict[Var, _Expr | Var]) -> _Expr:
     """``e`` as an expr whose operands are ``args`` (a pending expr or the value itself)."""
     if e.prim is FUSED:
-        built: list[_Expr | Var] = []
-        for n in e.params["body"].nodes:
-            if n.op is Leaf.OPERAND:
-                built.append(args[e.inputs[n.params["index"]]])
-            elif n.op is Leaf.LITERAL:
-                built.append(Literal(n.params["value"], n.dtype))
-            else:
-                assert isinstance(n.op, Prim)  # a Fused body has no REDUCED leaf
-                built.append(_Expr(n.op, n.params, tuple(built[a] for a in n.args),
-                                   n.shape, n.dtype))
-        root = built[-1]
-        assert isinstance(root, _Expr)
+        root = _body_expr(e.params["body"], e.inputs, args)
     else:
         root = _Expr(e.prim, e.params, tuple(args.get(v, v) for v in e.inputs), e.out.shape,
                      e.out.dtype)
@@ -166,14 +200,41 @@ def _fuse_once(g: Graph) -> Graph:
     observed = info.observed
     overwrites = {v: g.slot(name).var for name, v in g.states.items()}  # output -> old slot
 
-    def merges_into(e: Eqn) -> bool:
-        return e.prim in ELEMENTWISE or e.prim is FUSED or (
+    def merges_into(e: Eqn, v: Var) -> bool:
+        if e.prim in STATE_WRITES:  # the update only, never the state, a start or a gate
+            state, ops, starts, gates = update_parts(e.prim, e.inputs, e.params)
+            return v in ops and v is not state and v not in starts + gates
+        return e.prim in ELEMENTWISE or e.prim in MOVES or e.prim is FUSED or (
             e.prim is REDUCE and e.inputs[0].dtype is not BOOL and not _long_rows(e)
         )
 
-    def inlinable(v: Var) -> bool:
-        users = set(info.users.get(v, ()))
-        return len(users) == 1 and v not in observed and merges_into(g.eqns[users.pop()])
+    shared: set[Var] = set()  # pending moves every reader computes for itself
+
+    def inlinable(v: Var, x: _Expr) -> bool:
+        """Whether ``v`` (computed by ``x``) is merged into its readers: one reader, or
+        several when ``x`` only moves indices (a transpose or slice of stored values costs
+        no arithmetic, so each reader reads through it instead of a kernel storing it)."""
+        users = {g.eqns[u] for u in info.users.get(v, ())}
+        if v in observed or not users or not all(merges_into(u, v) for u in users):
+            return False
+        if len(users) > 1:
+            if not _only_moves(x):
+                return False
+            shared.add(v)
+        return True
+
+    def take(v: Var) -> None:
+        """A reader merged pending ``v``: it is gone unless other readers merge it too."""
+        if v not in shared:
+            del pending[v]
+
+    views = {e.out: e.inputs[0] for e in g.eqns if e.prim is P.RESHAPE}
+
+    def root(v: Var) -> Var:
+        """The value whose bytes ``v`` is (a Reshape is a view of its operand)."""
+        while v in views:
+            v = views[v]
+        return v
 
     pending: dict[Var, _Expr] = {}
     eqns: list[Eqn | None] = []  # None: a reduction a FusedRow took over
@@ -201,6 +262,8 @@ def _fuse_once(g: Graph) -> Graph:
             if moved_past & set(pro_ops):
                 continue
             epi, ops = linearize(x, pro_ops, reduced=r)
+            if moves_reduced(epi):  # the kernel holds its own row's reduction only
+                continue
             if len(ops) > MAX_OPERANDS or len(epi.nodes) + len(pro.nodes) > MAX_NODES:
                 continue
             eqns[i] = None
@@ -214,6 +277,42 @@ def _fuse_once(g: Graph) -> Graph:
 
     def materialize(v: Var) -> None:
         emit(pending.pop(v), (v,))
+
+    def update_of(e: Eqn) -> Eqn | None:
+        """A state write whose update reads pending exprs, as one FusedUpdate computing
+        them: the update must not read the state it overwrites, itself or through a view
+        (one kernel would read elements it writes), nor bind more buffers than the limit
+        or the unfused write."""
+        state, ops, starts, gates = update_parts(e.prim, e.inputs, e.params)
+        if not any(v in pending for v in ops):
+            return None
+        fixed = sum(1 for v in starts if not isinstance(v, Literal)) + len(gates)
+        cap = max(MAX_OPERANDS, 1 + fixed) - fixed
+        body = e.params["body"] if e.prim is FUSED_UPDATE else None  # else the one update
+        args: dict[Var, _Expr | Var] = {v: v for v in ops}
+        merged = False
+        for v in ops:
+            if v not in pending:
+                continue
+            args[v] = pending[v]
+            u = pending[v] if body is None else _body_expr(body, ops, args)
+            new_body, leaves = linearize(u)
+            if any(root(w) is root(state) for w in leaves) or len(leaves) > cap \
+                    or len(new_body.nodes) > MAX_NODES:
+                args[v] = v
+            else:
+                take(v)
+                merged = True
+        for v in e.inputs:
+            if v in pending:
+                materialize(v)
+        if not merged:
+            return None
+        top = args[ops[0]] if body is None else _body_expr(body, ops, args)
+        assert isinstance(top, _Expr)
+        new_body, leaves = linearize(top)
+        return Eqn(FUSED_UPDATE, (state, *leaves, *starts, *gates), e.outputs,
+                   Params(body=new_body))
 
     def note_reduction(e: Eqn) -> None:
         users = set(info.users.get(e.out, ()))
@@ -234,14 +333,26 @@ def _fuse_once(g: Graph) -> Graph:
                     materialize(v)
             eqns.append(e)
             continue
-        if e.prim in ELEMENTWISE or e.prim is FUSED or e.prim is REDUCE:
+        if e.prim in STATE_WRITES and (made := update_of(e)) is not None:
+            eqns.append(made)
+            continue
+        if e.prim is P.RESHAPE and (e.inputs[0] not in pending or (
+                _only_moves(pending[e.inputs[0]]) and not inlinable(
+                    e.out, _expr_of(e, {e.inputs[0]: pending[e.inputs[0]]})))):
+            # a view of a stored value: no kernel, and a leaf as it is; a pending move
+            # whose reshape nothing merges is stored as it is (a Slice may be a view too)
+            if e.inputs[0] in pending:
+                materialize(e.inputs[0])
+            eqns.append(e)
+            continue
+        if e.prim in ELEMENTWISE or e.prim in MOVES or e.prim is FUSED or e.prim is REDUCE:
             args: dict[Var, _Expr | Var] = {v: v for v in e.inputs if not isinstance(v, Literal)}
             for v in list(args):
                 if v not in pending:
                     continue
                 args[v] = pending[v]
                 if _fits(_expr_of(e, args)):
-                    del pending[v]
+                    take(v)
                 else:
                     args[v] = v
                     materialize(v)
@@ -256,7 +367,7 @@ def _fuse_once(g: Graph) -> Graph:
                 note_reduction(eqns[-1])  # type: ignore[arg-type]
                 continue
             x = _expr_of(e, args)
-            if inlinable(e.out):
+            if inlinable(e.out, x):
                 pending[e.out] = x
             else:
                 emit(x, e.outputs)
@@ -268,5 +379,5 @@ def _fuse_once(g: Graph) -> Graph:
         if e.prim is FUSED_REDUCE:  # made by an earlier pass: a FusedRow's prologue still
             note_reduction(e)
     for v in list(pending):  # nothing observable reads these: only dead code is left here
-        materialize(v)
+        materialize(v)  # (or moves every reader merged: dead now too)
     return dead_code_elimination(g.replace([e for e in eqns if e is not None]))

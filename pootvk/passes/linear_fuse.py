@@ -180,7 +180,7 @@ def _epilogue_of(c: Eqn, y: Var) -> tuple[FusedBody, tuple[Var, ...]] | None:
     if c.out.shape != y.shape or c.out.dtype not in OUT_DTYPES:
         return None
     body, ops = _as_body(c)
-    if not _plain(body):
+    if not _plain(body) or body.moves:  # the sum is read at the output index only
         return None
     extras = tuple(v for v in ops if v is not y)
     nodes = []

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from ..errors import UnsupportedPrimitive
 from ..ir import I32, Eqn, Graph, Literal, RuleTable, Var
 from ..ir import prims as P
+from ..ir.fused import STATE_WRITES, update_parts
 
 Range = tuple[int, int] | None
 I32_MIN, I32_MAX = -(2**31), 2**31 - 1
@@ -147,7 +148,7 @@ def gate_state_writes(g: Graph) -> Graph:
         e = None if i is None else g.eqns[i]
         # in place over the state's own buffer: a gated write leaves it as it was (a DUS over
         # another value would first copy that value over the state, ungated)
-        if e is not None and (e.prim is not P.DYNAMIC_UPDATE_SLICE
+        if e is not None and (e.prim not in STATE_WRITES
                               or e.inputs[0] is not g.slot(name).var):
             raise UnsupportedPrimitive(
                 str(e.prim), f"state {name!r} is not updated in place by a DynamicUpdateSlice: "
@@ -169,7 +170,7 @@ def gate_state_writes(g: Graph) -> Graph:
         if i in first:
             continue
         if i in writers:
-            ndim = e.inputs[0].ndim
-            e = Eqn(e.prim, (*e.inputs[: 2 + ndim], *witnesses), e.outputs, e.params)
+            state, ops, starts, _ = update_parts(e.prim, e.inputs, e.params)
+            e = Eqn(e.prim, (state, *ops, *starts, *witnesses), e.outputs, e.params)
         eqns.append(e)
     return g.replace(eqns)

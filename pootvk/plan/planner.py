@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from ..arena import ArenaLayout, colour, kernel_items
 from ..errors import BindingRange, DtypeLowering, UnsupportedPrimitive
 from ..ir import Graph, Literal, SlotKind, UseInfo, Var
-from ..ir.prims import DYNAMIC_UPDATE_SLICE, RESHAPE
+from ..ir.fused import STATE_WRITES, update_parts
+from ..ir.prims import RESHAPE, SLICE
 from .bindings import Binding, BufferRole, Scratch
 from .profile import DeviceProfile
 from .rules import KernelCall, KernelRequest, PlanContext, plan_rules
@@ -70,7 +71,8 @@ class Plan:
     locations: dict[Var, Location]
     arena: ArenaLayout
     outputs: dict[str, Location] = field(default_factory=dict)
-    #: eqn index -> location, for each Reshape that runs no kernel (a view of its operand)
+    #: eqn index -> location, for each Reshape or Slice that runs no kernel (a view of its
+    #: operand's bytes)
     views: dict[int, Location] = field(default_factory=dict)
 
     @property
@@ -108,7 +110,8 @@ class Plan:
             lines.append(f"       binds {ops}")
         for i, loc in self.views.items():
             out = self.graph.eqns[i].out
-            lines.append(f"  view [eqn {i}] Reshape -> {out.aval()} shares {loc} (no kernel)")
+            lines.append(f"  view [eqn {i}] {self.graph.eqns[i].prim} -> {out.aval()} shares "
+                         f"{loc} (no kernel)")
         lines.append("buffers:")
         for b in self.buffers.values():
             lines.append(f"  {b.name:<20} {b.role.value:<7} {b.nbytes:>12d} B")
@@ -154,32 +157,67 @@ def _fixed_locations(
     return locs, roles, bufs
 
 
+def slice_offset(shape: tuple[int, ...], start: tuple[int, ...],
+                 limit: tuple[int, ...]) -> int | None:
+    """The element offset of a Slice whose result is one contiguous range of its dense
+    row-major operand (axes before some axis keep one index, axes after it are whole:
+    heads 0..8 of [1, 12, 1, 64]), else None."""
+    out = [hi - lo for lo, hi in zip(start, limit, strict=True)]
+    for d in range(max(len(shape), 1)):
+        if all(n == 1 for n in out[:d]) and out[d + 1:] == list(shape[d + 1:]):
+            return sum(lo * st for lo, st in zip(start, _strides(shape), strict=True))
+    return None
+
+
+def _strides(shape: tuple[int, ...]) -> list[int]:
+    out, acc = [], 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= n
+    return out[::-1]
+
+
 def _views(
-    g: Graph, locs: dict[Var, Location], roles: dict[Var, BufferRole]
-) -> dict[Var, Var]:
-    """Reshapes that run no kernel: view -> the value whose bytes it shares (its root).
+    g: Graph, locs: dict[Var, Location], roles: dict[Var, BufferRole], align: int
+) -> tuple[dict[Var, Var], dict[Var, int]]:
+    """Reshapes and contiguous Slices that run no kernel: view -> the value whose bytes it
+    shares (its root), and the view's byte offset into the root.
 
     Every value is dense row-major, so a Reshape's output is its operand's bytes under
-    another shape. A view of a value with a fixed home is placed there now; a root with no
-    home yet takes its view's export buffer (its producer then writes the export
-    directly), or is coloured and its views follow it (``plan_graph``). The Reshape is
-    copied instead where both have different homes, the view is a state output, or the
-    operand is a literal."""
+    another shape, and a Slice that is one contiguous range of them (``slice_offset``) is
+    those bytes at an offset (a multiple of ``align``, so it can be bound). A view of a
+    value with a fixed home is placed there now; a root with no home yet takes its
+    Reshape view's export buffer (its producer then writes the export directly), or is
+    coloured and its views follow it (``plan_graph``), the root alive while any view is
+    read (``arena.kernel_items``). The eqn runs as a copy instead where both have
+    different homes, the view is a state output (or a Slice's output has a home of its
+    own), or the operand is a literal."""
     views: dict[Var, Var] = {}
+    offsets: dict[Var, int] = {}
     for e in g.eqns:
-        if e.prim is not RESHAPE or isinstance(e.inputs[0], Literal):
+        if e.prim not in (RESHAPE, SLICE) or isinstance(e.inputs[0], Literal):
             continue
-        out = e.out
-        root = views.get(e.inputs[0], e.inputs[0])
+        src, out = e.inputs[0], e.out
+        off = 0
+        if e.prim is SLICE:
+            elems = slice_offset(src.shape, e.params["start"], e.params["limit"])
+            if elems is None or (elems * src.dtype.device_itemsize) % align:
+                continue
+            off = elems * src.dtype.device_itemsize
+        root = views.get(src, src)
+        off += offsets.get(src, 0)
         if out in locs:
             exported = roles[out] in (BufferRole.EXPORT, BufferRole.WITNESS)
-            if root in locs or not exported:
+            if root in locs or not exported or e.prim is SLICE or off or \
+                    root.nbytes != out.nbytes:
                 continue  # two homes: a copy
             locs[root], roles[root] = locs[out], roles[out]
         elif root in locs:
-            locs[out], roles[out] = locs[root], roles[root]
-        views[out] = root
-    return views
+            home = locs[root]
+            locs[out], roles[out] = Location(home.buffer, home.offset + off, out.nbytes), \
+                roles[root]
+        views[out], offsets[out] = root, off
+    return views, offsets
 
 
 def _check_state_order(g: Graph, info: UseInfo, views: dict[Var, Var]) -> None:
@@ -209,7 +247,8 @@ def _check_gated(g: Graph, info: UseInfo) -> None:
         if i is None:
             continue
         e = g.eqns[i]
-        gates = set(e.inputs[2 + e.inputs[0].ndim:]) if e.prim is DYNAMIC_UPDATE_SLICE else set()
+        gates = set(update_parts(e.prim, e.inputs, e.params)[3]) if e.prim in STATE_WRITES \
+            else set()
         if not witnesses <= gates:
             raise UnsupportedPrimitive(
                 str(e.prim), f"state {name!r} is written without the step's index-guard gates "
@@ -228,17 +267,20 @@ def plan_graph(g: Graph, profile: DeviceProfile) -> Plan:
     info = g.use_info()  # one walk: the state-order check and the liveness both read it
     _check_gated(g, info)
     locs, roles, bufs = _fixed_locations(g, profile)
-    views = _views(g, locs, roles)
+    align = max(profile.min_storage_offset_alignment, VECTOR_ALIGN)
+    views, offsets = _views(g, locs, roles, align)
     _check_state_order(g, info, views)
 
     def same_storage(a: Var, b: Var) -> bool:
-        """Whether ``a`` and ``b`` are one set of bytes: a view and its root, or two values
-        with one fixed home (a state output in place over its slot)."""
-        if views.get(a, a) is views.get(b, b):
+        """Whether ``a`` and ``b`` are one set of bytes: a view and its root (the same
+        bytes: a Reshape), or two values with one fixed home (a state output in place over
+        its slot)."""
+        if views.get(a, a) is views.get(b, b) and offsets.get(a, 0) == offsets.get(b, 0) \
+                and a.nbytes == b.nbytes:
             return True
         return a in locs and locs.get(a) == locs.get(b)
 
-    ctx = PlanContext(profile, same_storage)
+    ctx = PlanContext(profile, same_storage, lambda v: v in views)
 
     calls: list[tuple[int, KernelCall]] = []
     scratch: dict[Scratch, int] = {}
@@ -258,7 +300,7 @@ def plan_graph(g: Graph, profile: DeviceProfile) -> Plan:
     layout = colour(
         items,
         # 16 at least: every coloured value starts where a 16-byte vector load may read it
-        alignment=max(profile.min_storage_offset_alignment, VECTOR_ALIGN),
+        alignment=align,
         max_binding=profile.max_storage_buffer_range,
         max_buffer=min(profile.max_allocation, 1 << 32),
     )
@@ -272,7 +314,9 @@ def plan_graph(g: Graph, profile: DeviceProfile) -> Plan:
         else:
             locs[obj], roles[obj] = loc, BufferRole.ARENA
     for view, root in views.items():
-        locs[view], roles[view] = locs[root], roles[root]
+        home = locs[root]
+        locs[view] = Location(home.buffer, home.offset + offsets[view], view.nbytes)
+        roles[view] = roles[root]
     kernels = []
     for i, c in calls:
         bound = []

@@ -313,6 +313,42 @@ class FusedReduceRequest(_LeavesToOutput):
         )
 
 
+@dataclass(frozen=True)
+class FusedUpdateRequest:
+    """DynamicUpdateSlice of a fused body's value into ``state``, in place: one invocation
+    per update element computes the body in registers and stores it at its index plus the
+    run-time starts (clamped so the update fits, as DynamicUpdateSlice clamps them); gate
+    witnesses, when any failed, leave the state unwritten. Bindings: ``x0..`` the body's
+    operands, ``s{d}`` each start that is not a literal, ``g{k}`` the gates, then ``y``
+    (the state)."""
+
+    body: FusedBody
+    inputs: tuple[Aval, ...]  # the body's operands, in order
+    state: Aval
+    starts: tuple[LiteralOperand | Aval, ...]  # one per state axis
+    gates: int
+    threads: int
+    local_size: int
+    grid: tuple[int, int]
+
+    def push_constants(self) -> tuple[int, ...]:
+        return ()
+
+    def bindings(self) -> tuple[Binding, ...]:
+        ins = tuple(Binding(f"x{j}", Access.READ, dt) for j, (_s, dt) in enumerate(self.inputs))
+        starts = tuple(Binding(f"s{d}", Access.READ, I32) for d, st in enumerate(self.starts)
+                       if not isinstance(st, LiteralOperand))
+        gates = tuple(Binding(f"g{k}", Access.READ, I32) for k in range(self.gates))
+        return (*ins, *starts, *gates, Binding("y", Access.WRITE, self.state[1]))
+
+    def describe(self) -> str:
+        shape = ",".join(map(str, self.state[0]))
+        return (
+            f"FusedUpdate[{self.body}] into {self.state[1].value}[{shape}] "
+            f"threads={self.threads} wg={self.local_size} grid={self.grid[0]}x{self.grid[1]}"
+        )
+
+
 def fold_grid(groups: int, max_grid: tuple[int, int, int]) -> tuple[int, int]:
     """Lay ``groups`` workgroups over X, or over a 2-D grid when X alone is too small.
 

@@ -36,6 +36,7 @@ from .requests import (
     AttentionRequest,
     FusedReduceRequest,
     FusedRequest,
+    FusedUpdateRequest,
     LiteralOperand,
     PrimRequest,
     ReduceRequest,
@@ -47,7 +48,7 @@ from .schedule import attention_schedule
 KernelRequest = (
     AttentionRequest | PrimRequest | ReduceRequest | ScatterRequest | DecodeRequest
     | DecodeCombineRequest | MatMulRequest | MatMulCombineRequest | FusedRequest
-    | FusedReduceRequest
+    | FusedReduceRequest | FusedUpdateRequest
 )
 
 PRIM_WORKGROUP = 64
@@ -80,6 +81,8 @@ class PlanContext:
 
     profile: DeviceProfile
     same_storage: Callable[[Var, Var], bool]
+    #: whether a value is a view of another's bytes (the planner's ``_views``): no kernel
+    is_view: Callable[[Var], bool] = lambda v: False
 
 
 PlanRule = Callable[[Eqn, PlanContext], RuleResult]
@@ -110,7 +113,7 @@ def _bound(req: PrimRequest, inputs: tuple[Var, ...]) -> tuple[Var, ...]:
 
 @plan_rules.register(
     *P.BINARY, P.UNARY, P.COMPARE, P.SELECT, P.CONVERT, P.IOTA, P.BROADCAST,
-    P.TRANSPOSE, P.SLICE, P.CONCAT, P.COPY, P.GATHER, P.INDEX_GUARD,
+    P.TRANSPOSE, P.CONCAT, P.COPY, P.GATHER, P.INDEX_GUARD,
 )
 def _elementwise(e: Eqn, ctx: PlanContext) -> RuleResult:
     """One invocation per (first) output element; IndexGuard also binds its witness.
@@ -131,7 +134,16 @@ def _reshape(e: Eqn, ctx: PlanContext) -> RuleResult:
     return _elementwise(e, ctx)
 
 
-def _copy_first(operand: Var, out: Var, ctx: PlanContext) -> list[KernelCall]:
+@plan_rules.register(P.SLICE)
+def _slice(e: Eqn, ctx: PlanContext) -> RuleResult:
+    """No kernel for a contiguous slice the planner made a view (its operand's bytes at an
+    offset); a kernel copying the elements otherwise."""
+    if ctx.is_view(e.out):
+        return RuleResult([])
+    return _elementwise(e, ctx)
+
+
+def copy_first(operand: Var, out: Var, ctx: PlanContext) -> list[KernelCall]:
     """In-place primitives run over their output: the operand is copied there first unless
     the output already shares the operand's storage (a donated state updated in place)."""
     if ctx.same_storage(operand, out):
@@ -184,7 +196,7 @@ def _dynamic_update_slice(e: Eqn, ctx: PlanContext) -> RuleResult:
     update = e.inputs[1]
     req = prim_request(e.prim, e.inputs, e.out, e.params, update.size, ctx.profile)
     call = KernelCall(req, (*_bound(req, e.inputs), e.out), str(e.prim))
-    return RuleResult([*_copy_first(e.inputs[0], e.out, ctx), call])
+    return RuleResult([*copy_first(e.inputs[0], e.out, ctx), call])
 
 
 def _pow2(n: int) -> int:
@@ -271,7 +283,7 @@ def _scatter_update(e: Eqn, ctx: PlanContext) -> RuleResult:
         grid=fold_grid(indices.shape[0], ctx.profile.max_grid),
     )
     call = KernelCall(req, (indices, updates, e.out), str(e.prim))
-    return RuleResult([*_copy_first(operand, e.out, ctx), call])
+    return RuleResult([*copy_first(operand, e.out, ctx), call])
 
 
 @plan_rules.register(P.ATTENTION)

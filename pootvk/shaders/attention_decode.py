@@ -11,8 +11,9 @@ and applies one online-softmax update per row for the KPI keys.
 
 The running state is generated named registers: ``q{r}_{x}`` (pre-scaled query slice),
 ``o{r}_{x}`` (accumulator slice), ``m{r}``, ``l{r}``; every index is resolved here in
-Python, so no private array exists (DESIGN.md). At the end the lane groups fold their
-(m, l, o) through workgroup memory, one row at a time.
+Python, so no private array exists (DESIGN.md). At the end the lane groups of a subgroup
+merge their (m, l, o) by xor shuffles, then the subgroups fold through workgroup memory, one
+row at a time.
 
 A -inf score adds exactly zero weight (every exp is guarded, so -inf - -inf never makes a
 NaN); a split whose chunk sees no key (or only -inf) writes the neutral (0, -inf, 0); a
@@ -23,7 +24,10 @@ so a non-finite value row poisons the row as the oracle's matmul does, while the
 reads of keys past the chunk are zeroed and never contribute. The key count Lk is a push
 constant. With ``live_len`` row b's keys end at ``clamp(len[b], 0, Lk)`` (an I32 [B]
 buffer): the split chunks are cut from that live length, so a split past it has an empty
-chunk and writes the neutral partial; the grid does not change.
+chunk and writes the neutral partial; the grid does not change. With the fused combine the
+splits past the length return before any load and the last of the active ones folds only
+theirs; ``min_chunk`` keeps chunks at least that long, so a short length runs on few splits
+and one that fits one chunk is a single split writing the output itself.
 
 Combine kernel: one invocation per output element, ``out = sum_i o_i exp(m_i - M) /
 sum_i l_i exp(m_i - M)``.
@@ -207,8 +211,17 @@ def generate_decode_partial(r: DecodeRequest) -> str:
     if split:
         emit(f"uint per = (LK + {r.splits - 1}u) / {r.splits}u;")
         emit(f"uint chunk = (per + {r.tile - 1}u) / {r.tile}u * {r.tile}u;")
+        if r.min_chunk:
+            minc = -(-r.min_chunk // r.tile) * r.tile
+            emit(f"chunk = max(chunk, {minc}u);  // a short length runs on fewer splits")
         emit("uint k0 = min(split * chunk, LK);")
         emit("uint k1 = min(k0 + chunk, LK);")
+        if fused:
+            # Splits past the length have nothing to read and nothing to add to the
+            # combine (it folds the active ones only): they leave before any load. One
+            # active split (a length of at most one chunk) writes the output itself.
+            emit("uint nact = LK == 0u ? 1u : (LK + chunk - 1u) / chunk;  // splits with a key")
+            emit("if (split >= nact) return;  // uniform over the workgroup")
     else:
         emit("uint k0 = 0u;")
         emit("uint k1 = LK;")
@@ -428,6 +441,15 @@ def generate_decode_partial(r: DecodeRequest) -> str:
         emit(f"{vt} acc = {vt}(0.0);", 3)
         emit(f"for (uint u = 0u; u < {nent}; ++u) acc += s_o[u * {DVW}u + c];", 3)
         if split:
+            if fused:
+                emit("if (nact == 1u) {  // the only split with keys: the output itself", 3)
+                if W == 4:
+                    for cc, comp in enumerate("xyzw"):
+                        emit(f"dst[orow{i} * {r.dv}u + c * 4u + {cc}u] = acc.{comp} / Lsum;", 4)
+                else:
+                    emit(f"dst[orow{i} * {r.dv}u + c] = acc / Lsum;", 4)
+                emit("continue;", 4)
+                emit("}", 3)
             emit(f"uint pb = (orow{i} * {r.splits}u + split) * {r.dv + 2}u;", 3)
             if W == 4:
                 for cc, comp in enumerate("xyzw"):
@@ -447,11 +469,12 @@ def generate_decode_partial(r: DecodeRequest) -> str:
         # The last workgroup of this (batch, KV head, row block) to finish combines every
         # split's partial (threadfence-reduction pattern: partials are coherent, each
         # workgroup orders its writes before its arrival, the last one resets the counter).
+        emit("if (nact == 1u) return;  // written above: no partial to combine")
         emit("memoryBarrierBuffer();")
         emit("barrier();")
         emit("if (gl_LocalInvocationIndex == 0u) {")
         emit("uint prev = atomicAdd(counter[rest], 1u);", 2)
-        emit(f"s_last = (prev == {r.splits - 1}u) ? 1u : 0u;", 2)
+        emit("s_last = (prev == nact - 1u) ? 1u : 0u;  // the last active split", 2)
         emit("}")
         emit("barrier();")
         emit("if (s_last == 0u) return;")
@@ -461,11 +484,11 @@ def generate_decode_partial(r: DecodeRequest) -> str:
         emit(f"uint c = id % {r.dv}u;", 2)
         emit(f"uint base = orow * {r.splits * (r.dv + 2)}u;", 2)
         emit("float M = NEG_INF;", 2)
-        emit("[[unroll]] for (uint u = 0u; u < SPLITS; ++u) "
+        emit("for (uint u = 0u; u < nact; ++u) "
              f"M = max(M, part[base + u * {r.dv + 2}u + {r.dv}u]);", 2)
         emit("float den = 0.0;", 2)
         emit("float acc = 0.0;", 2)
-        emit("[[unroll]] for (uint u = 0u; u < SPLITS; ++u) {", 2)
+        emit("for (uint u = 0u; u < nact; ++u) {", 2)
         emit(f"uint pb = base + u * {r.dv + 2}u;", 3)
         emit(f"float mu = part[pb + {r.dv}u];", 3)
         emit("float w = (mu == NEG_INF) ? 0.0 : exp(mu - M);", 3)

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from ..ir import BF16, BOOL, F16, F32, I32, U32, DType, ReduceOp
 from ..ir import prims as P
 from ..ir.fused import FusedBody, Leaf, Node
-from ..plan.requests import FusedReduceRequest, FusedRequest
+from ..plan.requests import FusedReduceRequest, FusedRequest, FusedUpdateRequest, LiteralOperand
 from .common import (
     BF16_ROUND,
     F16_ROUND,
@@ -120,12 +120,21 @@ def _node_expr(n: Node, a: list[str], dts: list[DType]) -> str:
 def body_lines(
     body: FusedBody, read: Callable[[int, Node], str], reduced: str | None = None,
     hoist: list[bool] | None = None, stored: bool = True,
+    read_at: Callable[[int, Node, str], str] | None = None, rank: int | None = None,
 ) -> tuple[list[str], str, list[str]]:
     """One declaration per node (``read(j, leaf)`` is operand ``j``'s stored element at the
     current index; ``reduced`` the register holding the row's reduction) and the result's
     register name. Nodes marked in ``hoist`` are declared in the third list instead (a
     row's epilogue computes them once per row, before its loop). A 16-bit result is left
-    for its store to round when ``stored``; a reduction's input is rounded here."""
+    for its store to round when ``stored``; a reduction's input is rounded here.
+
+    A body with index-moving nodes (``FusedBody.moves``) is emitted by ``moved_lines``:
+    ``read_at(j, leaf, index)`` reads operand ``j`` at a linear index expression (default
+    ``x{j}[index]``), ``rank`` is the output index's rank (default the body's)."""
+    if body.moves:
+        assert hoist is None or not any(hoist), "a moved body is not a row epilogue"
+        lines, result = moved_lines(body, read, read_at, rank, reduced, stored)
+        return lines, result, []
     names: list[str] = []
     lines: list[str] = []
     hoisted: list[str] = []
@@ -150,6 +159,127 @@ def body_lines(
         (hoisted if hoist and hoist[k] else lines).append(f"    {CTYPE[n.dtype]} t{k} = {expr};")
         names.append(f"t{k}")
     return lines, names[-1], hoisted
+
+
+Index = tuple[str, ...]
+
+
+def _aligned(ctx: Index, shape: tuple[int, ...]) -> Index:
+    """The index of a right-aligned argument of ``shape`` at its consumer's index ``ctx``
+    (a size-1 axis is index 0: broadcast)."""
+    off = len(ctx) - len(shape)
+    return tuple("0u" if n == 1 else ctx[off + d] for d, n in enumerate(shape))
+
+
+def moved_lines(
+    body: FusedBody, read: Callable[[int, Node], str],
+    read_at: Callable[[int, Node, str], str] | None = None, rank: int | None = None,
+    reduced: str | None = None, stored: bool = True,
+) -> tuple[list[str], str]:
+    """A body with index-moving nodes: each node is evaluated at the multi-index it is read
+    at (a tuple of index expressions), once per distinct index. The result is at the
+    output index ``i0..i{rank-1}``; a Slice node reads its argument at its index plus the
+    starts; a Concat node picks between its arguments by its index along the axis, each
+    argument read at that index less the extents before it, clamped into the argument
+    (the pick discards the others, whose reads must still be in bounds); a Transpose reads
+    at the permuted index, a Reshape at the index of the same row-major element, a Gather
+    at the row its index argument holds there (clamped). A leaf read at its
+    plain broadcast index goes through ``read``, elsewhere through ``read_at``."""
+    at = read_at or (lambda j, leaf, index: f"x{j}[{index}]")
+    rank = len(body.out.shape) if rank is None else rank
+    root: Index = tuple(f"i{d}" for d in range(rank))
+    memo: dict[tuple[int, Index], str] = {}
+    offsets: dict[tuple[str, str], str] = {}
+    lines: list[str] = []
+    last = len(body.nodes) - 1
+
+    def declare(k: int, n: Node, expr: str) -> str:
+        name = f"t{k}" + (f"_{sum(1 for kk, _ in memo if kk == k)}"
+                          if any(kk == k for kk, _ in memo) else "")
+        lines.append(f"    {CTYPE[n.dtype]} {name} = {expr};")
+        return name
+
+    def reshaped(ctx: Index, shape: tuple[int, ...], src: tuple[int, ...]) -> Index:
+        """The index into ``src`` of the element at ``ctx`` of its reshape to ``shape``:
+        the same axes where only unit axes come or go, else through the row-major offset
+        (declared once as a register)."""
+        if [n for n in shape if n != 1] == [n for n in src if n != 1]:
+            kept = iter(c for c, n in zip(ctx, shape, strict=True) if n != 1)
+            return tuple("0u" if n == 1 else next(kept) for n in src)
+        st = strides(shape)
+        off = " + ".join(f"{c} * {st[d]}u" for d, c in enumerate(ctx) if c != "0u") or "0u"
+        key = ("off", off)
+        if key not in offsets:
+            offsets[key] = f"o{len(offsets)}"
+            lines.append(f"    uint {offsets[key]} = {off};")
+        o = offsets[key]
+        sst = strides(src)
+        return tuple("0u" if n == 1 else f"(({o} / {sst[d]}u) % {n}u)"
+                     for d, n in enumerate(src))
+
+    def value(k: int, ctx: Index) -> str:
+        n = body.nodes[k]
+        ctx = _aligned(ctx, n.shape)
+        key = (k, ctx) if n.op is not Leaf.LITERAL else (k, ())
+        if key in memo:
+            return memo[key]
+        args = [body.nodes[a] for a in n.args]
+        if n.op is Leaf.REDUCED:
+            assert reduced is not None
+            name = reduced
+        elif n.op is Leaf.OPERAND:
+            j = n.params["index"]
+            if ctx == _aligned(root, n.shape):
+                raw = read(j, n)
+            else:
+                st = strides(n.shape)
+                terms = [f"{c} * {st[d]}u" for d, c in enumerate(ctx) if c != "0u"]
+                raw = at(j, n, " + ".join(terms) or "0u")
+            name = declare(k, n, load(raw, n.dtype))
+        elif n.op is Leaf.LITERAL:
+            name = declare(k, n, literal_value(n))
+        elif n.op is P.BROADCAST:  # a view: its operand at the broadcast index
+            name = value(n.args[0], ctx)
+        elif n.op is P.SLICE:
+            start = n.params["start"]
+            name = value(n.args[0], tuple(
+                c if s == 0 else f"({c} + {s}u)" for c, s in zip(ctx, start, strict=True)))
+        elif n.op is P.TRANSPOSE:  # output axis d is the argument's axis perm[d]
+            perm = n.params["perm"]
+            moved = ["0u"] * len(perm)
+            for d, src in enumerate(perm):
+                moved[src] = ctx[d]
+            name = value(n.args[0], tuple(moved))
+        elif n.op is P.RESHAPE:
+            name = value(n.args[0], reshaped(ctx, n.shape, args[0].shape))
+        elif n.op is P.GATHER:  # the table's row is the index argument's value, clamped
+            table, idx = args
+            r = len(idx.shape)
+            row = f"uint(clamp({value(n.args[1], ctx[:r])}, 0, {table.shape[0] - 1}))"
+            name = value(n.args[0], (row, *ctx[r:]))
+        elif n.op is P.CONCAT:
+            axis, base, picks = n.params["axis"], 0, []
+            for a, arg in zip(n.args, args, strict=True):
+                ext = arg.shape[axis]
+                i = ctx[axis] if base == 0 else f"({ctx[axis]} - {base}u)"
+                moved = ctx[:axis] + (f"min({i}, {ext - 1}u)",) + ctx[axis + 1:]
+                picks.append((base + ext, value(a, moved)))
+                base += ext
+            expr = picks[-1][1]
+            for end, v in reversed(picks[:-1]):
+                expr = f"({ctx[axis]} < {end}u ? {v} : {expr})"
+            name = declare(k, n, expr)
+        else:
+            names = [value(a, ctx) for a in n.args]
+            expr = _node_expr(n, names, [arg.dtype for arg in args])
+            if n.dtype in HALF and not (stored and k == last and ctx == _aligned(root, n.shape)):
+                expr = round_to(expr, n.dtype)
+            name = declare(k, n, expr)
+        memo[key] = name
+        return name
+
+    result = value(last, root)
+    return lines, result
 
 
 def row_invariant(body: FusedBody, axis: int, rank: int) -> list[bool]:
@@ -198,6 +328,39 @@ def generate_fused(req: FusedRequest) -> str:
     )
 
 
+@generators.register(FusedUpdateRequest)
+def generate_fused_update(req: FusedUpdateRequest) -> str:
+    """One invocation per update element: the gates (a failed guard writes nothing), the
+    starts clamped so the update fits (DynamicUpdateSlice's rule), the body, and its value
+    stored at the element's index plus the starts."""
+    ushape, (sshape, sdt) = req.body.out.shape, req.state
+    rank = len(ushape)
+    binds = req.bindings()
+    lines, result, _ = body_lines(
+        req.body, lambda j, leaf: f"x{j}[{bcast_index(leaf.shape, rank)}]"
+    )
+    pre = [f"    if (g{k}[0] != 0) return;  // a guard failed: the state is not written"
+           for k in range(req.gates)]
+    for d, st in enumerate(req.starts):
+        s = literal(st.value, st.dtype) if isinstance(st, LiteralOperand) else f"s{d}[0]"
+        pre.append(f"    uint s{d}_ = uint(clamp(int({s}), 0, {sshape[d] - ushape[d]}));")
+    idx = " + ".join(f"(i{d} + s{d}_) * {st}u" for d, st in enumerate(strides(sshape)))
+    storage16 = any(b.dtype in HALF for b in binds)
+    return (
+        header(req.local_size, storage16)
+        + declare_bindings(binds)
+        + (ROUND16 if _uses_half(req.body) or sdt in HALF else "")
+        + "void main() {\n"
+        + f"    uint gid = {group_id(req.grid[0])} * {req.local_size}u"
+        + " + gl_LocalInvocationID.x;\n"
+        + f"    if (gid >= {req.threads}u) return;\n"
+        + decode_index(ushape)
+        + "\n" + "\n".join(pre) + "\n"
+        + "\n".join(lines)
+        + f"\n    y[{idx or '0u'}] = {store(result, sdt)};\n}}\n"
+    )
+
+
 def _reduce_parts(op: ReduceOp, dt: DType) -> tuple[str, str]:
     """The identity and ``combine(acc, v)`` (``acc``/``v`` placeholders) of a reduction
     whose values have type ``dt``: Max keeps a NaN, as numpy's max does."""
@@ -234,7 +397,7 @@ def generate_fused_reduce(req: FusedReduceRequest) -> str:
         red = "s_acc[0]" if dt not in HALF else round_to("s_acc[0]", dt)
         epi, value, once = body_lines(
             req.epilogue, lambda j, leaf: f"x{j}[{bcast_index(leaf.shape, rank)}]", "red",
-            hoist=row_invariant(req.epilogue, axis, rank),
+            hoist=None if req.epilogue.moves else row_invariant(req.epilogue, axis, rank),
         )
         out = " + ".join(f"i{d} * {st}u" for d, st in enumerate(strides(shape))) or "0u"
         finish = (

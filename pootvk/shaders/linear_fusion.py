@@ -48,7 +48,7 @@ def _function(name: str, args: str, body: FusedBody, shape: tuple[int, ...], buf
               index: tuple[str, str | None], reduced: str | None, stored: bool) -> str:
     lines, result, _ = body_lines(
         body, lambda j, leaf: f"{buf}{j}[{bcast_index(leaf.shape, len(shape))}]", reduced,
-        stored=stored)
+        stored=stored, read_at=lambda j, leaf, index: f"{buf}{j}[{index}]", rank=len(shape))
     return (f"float {name}({args}) {{\n" + "\n".join(_decode(shape, *index)) + "\n"
             + "\n".join(lines) + f"\n    return {result};\n}}\n")
 

@@ -8,7 +8,16 @@ from hypothesis import given, settings
 from pootvk.errors import ShapeError
 from pootvk.ir import F16, F32, Params, Var, check_graph
 from pootvk.ir import prims as P
-from pootvk.ir.fused import ELEMENTWISE, FUSED, FUSED_REDUCE, FUSED_ROW, FusedBody, Node, type_body
+from pootvk.ir.fused import (
+    ELEMENTWISE,
+    FUSED,
+    FUSED_REDUCE,
+    FUSED_ROW,
+    MOVES,
+    FusedBody,
+    Node,
+    type_body,
+)
 from pootvk.ops import Builder, trace_decode_step
 from pootvk.oracle import evaluate
 from pootvk.passes import canonicalize, compile_graph, fuse
@@ -18,7 +27,7 @@ from tests.helpers import random_inputs
 from tests.random_graphs import elementwise_graphs, rms_norm, swiglu
 
 LAVAPIPE = recorded_profile("lavapipe")
-MERGING = (FUSED, *ELEMENTWISE)
+MERGING = (FUSED, *ELEMENTWISE, *MOVES)
 
 
 def same(a: dict, b: dict) -> bool:

@@ -151,8 +151,8 @@ def test_the_shape_rule_types_the_bodies():
 
 def test_smollm2_decode_plan_has_no_elementwise_kernel_between_linears():
     """The 2-layer SmolLM2-shaped decode plan on the H200 profile: every RMSNorm, SwiGLU and
-    residual Add is inside a Linear (47 kernels before: 5 fused rows, 4 residual adds, 2
-    SwiGLU products); the oracle's answer is kept bit for bit."""
+    residual Add is inside a Linear (5 fused rows, 4 residual adds, 2 SwiGLU products
+    before: 34 kernels -> 23); the oracle's answer is kept bit for bit."""
     from pootvk.llm.model import SMOLLM2_135M, trace_llama
 
     cfg = dataclasses.replace(SMOLLM2_135M, layers=2, vocab=1024, capacity=64)
@@ -160,9 +160,9 @@ def test_smollm2_decode_plan_has_no_elementwise_kernel_between_linears():
     c, u = compile_graph(g), without_linear_fuse(g)
     before = collections.Counter(k.label for k in plan_graph(u, H200).kernels)
     after = collections.Counter(k.label for k in plan_graph(c, H200).kernels)
-    assert before["fused row"] == 5 and before["Add"] == 5 and before["fused"] == 4
+    assert before["fused row"] == 5 and before["Add"] == 5
     assert after["fused row"] == 0 and after["Add"] == 1  # the live length's i32 add
-    assert after["fused"] == 2  # RoPE's, one per layer
+    assert before["fused"] - after["fused"] == 2  # the SwiGLU products
     assert after["Linear"] == before["Linear"] == 13
     assert sum(after.values()) == sum(before.values()) - 11
     check_graph(c)

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from pootvk.errors import DtypeLowering, ShapeError
 from pootvk.plan.decode_schedule import (
+    MIN_CHUNK,
     DecodeProblem,
     choose_decode_schedule,
     chunk_for,
@@ -394,3 +395,28 @@ def test_subgroup_fold_of_lane_groups(device, lanes, splits):
     assert req.subgroup and req.lanes_per_key == lanes
     assert req.rows_per_wg > 1 and req.key_groups >= 8 // lanes * 2
     assert np.isnan(got[0, 1]).all() and not np.isnan(got[0, 0]).any()
+
+
+@pytest.mark.parametrize("kv", ["f32", "f16"])
+def test_min_chunk_runs_a_short_length_on_the_splits_it_needs(device, kv):
+    """A fused split with a minimum chunk: per batch row, a length of one chunk or less is
+    one split writing the output itself, a longer one folds only the splits that hold keys
+    (those past it return at once); replayed twice, so the arrival counters reset."""
+    lens = [1, 2, 127, 128, 129, 1000]
+    req, _ = case(device, b=len(lens), hq=4, hkv=2, lk=1000, dk=64, dv=64, kv=kv, splits=7,
+                  live=lens, overrides={"min_chunk": 128}, seed=3)
+    assert req.fused_combine and req.splits == 7 and req.min_chunk == 128
+    assert "min_chunk=128" in req.describe()
+
+
+def test_planned_fused_splits_take_the_minimum_chunk():
+    h200 = recorded_profile("nvidia_h200")
+    p = DecodeProblem(b=1, hq=9, hkv=3, lq=1, lk=4160, dk=64, dv=64, scale=0.125,
+                      kv_dtype="f32", live_len=True)
+    planned = choose_decode_schedule(p, h200, has_subgroup_shuffle=True)
+    assert planned.fused_combine and planned.splits > 1 and planned.min_chunk == MIN_CHUNK
+    forced = choose_decode_schedule(p, h200, has_subgroup_shuffle=True, force_splits=4)
+    assert forced.min_chunk == 0  # a forced count keeps its exact chunks
+    two = choose_decode_schedule(p, h200, has_subgroup_shuffle=True,
+                                 overrides={"fused_combine": False})
+    assert two.min_chunk == 0  # the combine launch folds every split's partial

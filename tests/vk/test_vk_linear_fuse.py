@@ -245,3 +245,19 @@ def test_a_single_eqn_reading_one_value_twice_is_one_leaf(device):
     (r,) = check(device, g)
     assert r.prologue is not None and r.pro_dtypes == (F32,)
     assert str(r.prologue.body) == "Mul(x0, x0)"
+
+
+def test_prologues_with_index_moves(device):
+    """Bodies with index-moving nodes as prologues: A read through a transpose, and an F16
+    embedding row gathered (clamped) and widened on A's loads."""
+    b = Builder()
+    x = b.input("x", (24, 3))
+    b.export("t", b.matmul(b.unary("Exp", b.transpose(x, (1, 0))), b.param("w", (24, 8))))
+    table = b.param("table", (10, 24), F16)
+    tok = b.tokens("tok", (2,), 10)
+    e = b.convert(b.gather(table, tok), F32)
+    b.export("g", b.add(b.matmul(e, b.param("w2", (24, 8))), 1.0))
+    g = b.build()
+    reqs = linears(check(device, g))
+    assert len(reqs) == 2 and all(r.prologue is not None and r.prologue.body.moves
+                                  for r in reqs)
