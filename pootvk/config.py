@@ -35,6 +35,9 @@ class Config:
     cache_max_bytes: int = 256 << 20
     pipeline_stats: bool = False
     program_order: bool = False
+    #: microseconds a fence wait polls before it blocks (None: 2000 on a GPU, 0 on a CPU
+    #: device, whose own threads need the cores); POOTVK_SPIN_US
+    spin_us: float | None = None
 
     @staticmethod
     def from_env(env: dict[str, str] | None = None) -> Config:
@@ -49,6 +52,7 @@ class Config:
             cache_max_bytes=int(env.get("POOTVK_CACHE_MAX_BYTES", "") or 256 << 20),
             pipeline_stats=env.get("POOTVK_PIPELINE_STATS", "0") not in ("", "0", "false", "no"),
             program_order=env.get("POOTVK_PROGRAM_ORDER", "0") not in ("", "0", "false", "no"),
+            spin_us=float(env["POOTVK_SPIN_US"]) if env.get("POOTVK_SPIN_US") else None,
         )
 
 

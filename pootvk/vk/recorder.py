@@ -10,6 +10,7 @@ leaves nothing half-built.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -405,7 +406,18 @@ class Recording(Owned):
         if not self._pending:
             return
         limit = self.device.fence_timeout_ns if timeout_ns is None else timeout_ns
-        r = vk.lib.vkWaitForFences(self.device.handle, 1, self._fence_arr, vk.VK_TRUE, limit)
+        spin = min(self.device.spin_ns, limit)
+        if spin:  # poll first (Device.spin_ns: a blocking wait's wake-up costs ~tens of us)
+            lib, dev, fence = vk.lib, self.device.handle, self.fence
+            end = time.perf_counter_ns() + spin
+            r = lib.vkGetFenceStatus(dev, fence)
+            while r == vk.VK_NOT_READY and time.perf_counter_ns() < end:
+                r = lib.vkGetFenceStatus(dev, fence)
+            if r == vk.VK_SUCCESS:
+                self._pending = self._timed_out = False
+                return  # else still running (block below) or an error (reported below)
+        r = vk.lib.vkWaitForFences(self.device.handle, 1, self._fence_arr, vk.VK_TRUE,
+                                   limit - spin)
         if r == vk.VK_TIMEOUT:
             self._timed_out = True
             raise DeviceTimeout(self.label, limit / 1e9)

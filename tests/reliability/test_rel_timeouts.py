@@ -60,3 +60,36 @@ def test_slow_kernel_times_out_then_the_device_is_usable() -> None:
         rec.wait()  # the timed-out submit finishes within the new limit
         rec.submit()
         assert buf.read_array(0, 1, np.uint32)[0] == 1
+
+
+def test_fence_polling_before_the_blocking_wait() -> None:
+    """POOTVK_SPIN_US: a wait polls the fence first (GPUs by default, never a CPU device
+    unless asked); results are the same, and the limit still holds across the two phases."""
+    assert Config.from_env({"POOTVK_SPIN_US": "50"}).spin_us == 50.0
+    assert Config.from_env({}).spin_us is None
+    spin = Config(**{**config().__dict__, "spin_us": 20_000.0, "fence_timeout_s": 0.002})
+    with Device(None, spin) as d:
+        assert d.spin_ns == 20_000_000
+        p = d.compute_pipeline(compile_glsl(SLOW), 1)
+        buf = d.create_buffer(8, host_visible=True, name="slow")
+        cpu = d.profile.device_type == "cpu"
+        buf.write(0, np.array([30_000 if cpu else 65_535, 0], np.uint32))
+        grid = (GROUPS, 1, 1) if cpu else (*GPU_GROUPS, 1)
+        rec = Recorder(d).record([Dispatch(p, (BufferRange(buf),), grid, "slow_loop")])
+        t = time.perf_counter()
+        with pytest.raises(DeviceTimeout):
+            rec.submit()  # polls 2 ms (the limit, not 20), then no blocking time is left
+        assert time.perf_counter() - t < 2.0
+        d.config = Config(**{**spin.__dict__, "fence_timeout_s": 60.0})
+        rec.wait()
+        one = Recorder(d).record([Dispatch(p, (BufferRange(buf),), (1, 1, 1), "one")])
+        buf.write(0, np.array([3, 0], np.uint32))
+        one.submit()  # polled to completion: one invocation, three xorshift rounds
+        x = 2463534242
+        for _ in range(3):
+            x ^= (x << 13) & 0xFFFFFFFF
+            x ^= x >> 17
+            x ^= (x << 5) & 0xFFFFFFFF
+        assert not one._pending and buf.read_array(0, 2, np.uint32).tolist() == [3, x]
+    with Device(None, Config(**{**config().__dict__, "spin_us": None})) as d:
+        assert (d.spin_ns == 0) == (d.profile.device_type == "cpu")
