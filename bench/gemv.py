@@ -256,6 +256,21 @@ def variants(layout: str, quick: bool, gemm: bool = False) -> list[dict]:
     return out
 
 
+def full_unroll_variants(k: int, vec: int, quick: bool) -> list[dict]:
+    """GEMV_T with every word of a lane's K share in flight at once (``unroll`` =
+    ceil(words / lanes), no loop step and no unprefetched tail): for short rows (SmolLM2's
+    K=576 is 72 16-byte F16 words, 2.25 per lane at 32 lanes) the step count, not the bytes,
+    sets the kernel's latency."""
+    words = -(-k // vec)
+    out = []
+    for lanes in ((8,) if quick else (4, 8, 16, 32)):
+        for wg in ((32,) if quick else (32, 64, 128)):
+            if wg >= lanes:
+                out.append({"kind": "gemv_t", "lanes": lanes, "groups": wg // lanes,
+                            "outs": 1, "unroll": -(-words // lanes)})
+    return out
+
+
 def tune_case(case, dn, ceiling_gbps, *, warm_s, reps, clock, quick, peak=None,
               gemm_only=None):
     """Time every variant of one case (each checked); print them and the best."""
@@ -266,6 +281,8 @@ def tune_case(case, dn, ceiling_gbps, *, warm_s, reps, clock, quick, peak=None,
     if lay == "kn" and m == 1:
         fs += split_variants(k, n, case.request.vec, case.device.profile.compute_units or 8,
                              quick)
+    if lay == "nk" and m == 1 and gemm_only is None:
+        fs += full_unroll_variants(k, case.request.vec, quick)
     for f in fs:
         close = None
         try:
