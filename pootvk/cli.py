@@ -187,6 +187,7 @@ def _plan(args: argparse.Namespace) -> int:
     from .ops import trace_attention
     from .passes import compile_graph
     from .plan import BufferRole, plan_graph, recorded_profile, recorded_profiles
+    from .runtime import linear_prologues
 
     if args.profile not in recorded_profiles():
         print(f"pootvk plan: error: no recorded profile {args.profile!r}; known: "
@@ -201,7 +202,7 @@ def _plan(args: argparse.Namespace) -> int:
         return 2
     g = trace_attention((b, hq, args.lq, d), (b, hkv, lk, d - (s or 0)), (b, hkv, lk, dv),
                         kv_dtype=kv, k_shared_shape=None if s is None else (b, 1, lk, s))
-    plan = plan_graph(compile_graph(g), prof)
+    plan = plan_graph(compile_graph(g, linear_prologues=linear_prologues(prof)), prof)
     split = "" if s is None else f" (k {d - s} + k_shared {s})"
     print(f"plan for {prof.name} (recorded profile {args.profile}, "
           f"{prof.compute_units or '?'} compute units): attention B={b} Hq={hq} Hkv={hkv} "

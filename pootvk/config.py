@@ -38,6 +38,9 @@ class Config:
     #: microseconds a fence wait polls before it blocks (None: 2000 on a GPU, 0 on a CPU
     #: device, whose own threads need the cores); POOTVK_SPIN_US
     spin_us: float | None = None
+    #: fold GEMV input producers into the GEMV (None: on a GPU, not on a CPU device);
+    #: POOTVK_LINEAR_PROLOGUES=0/1
+    linear_prologues: bool | None = None
 
     @staticmethod
     def from_env(env: dict[str, str] | None = None) -> Config:
@@ -53,6 +56,8 @@ class Config:
             pipeline_stats=env.get("POOTVK_PIPELINE_STATS", "0") not in ("", "0", "false", "no"),
             program_order=env.get("POOTVK_PROGRAM_ORDER", "0") not in ("", "0", "false", "no"),
             spin_us=float(env["POOTVK_SPIN_US"]) if env.get("POOTVK_SPIN_US") else None,
+            linear_prologues=None if not env.get("POOTVK_LINEAR_PROLOGUES") else
+            env["POOTVK_LINEAR_PROLOGUES"] not in ("0", "false", "no"),
         )
 
 

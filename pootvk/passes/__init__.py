@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from ..ir import Graph, check_graph
 from .attention_rewrite import attention_rewrite
 from .canonicalize import canonicalize, dead_code_elimination
@@ -18,11 +20,18 @@ PASSES = (canonicalize, cse, fold_constants, elide_proven_guards, attention_rewr
           matmul_fold, canonicalize, gate_state_writes, fuse, linear_fuse)
 
 
-def compile_graph(g: Graph, *, check: bool = True) -> Graph:
-    """Run the pass pipeline; with ``check`` the IR type checker runs after every pass."""
+def compile_graph(g: Graph, *, check: bool = True, linear_prologues: bool = True) -> Graph:
+    """Run the pass pipeline; with ``check`` the IR type checker runs after every pass.
+
+    ``linear_prologues=False`` keeps the producers of a GEMV's input as their own kernels
+    (``linear_fuse(prologues=False)``): every GEMV workgroup recomputes a prologue (an
+    RMSNorm row's reduction, SwiGLU's exp) for the rows it reads, which a GPU hides in
+    latency and a CPU device pays in cycles (``runtime.linear_prologues`` decides per device)."""
     if check:
         check_graph(g)
-    for p in PASSES:
+    passes = PASSES if linear_prologues else \
+        (*PASSES[:-1], partial(linear_fuse, prologues=False))
+    for p in passes:
         g = p(g)
         if check:
             check_graph(g)

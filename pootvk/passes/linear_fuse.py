@@ -222,7 +222,9 @@ def _fuse_epilogues(g: Graph, eqns: list[Eqn | None]) -> list[Eqn | None]:
     return out
 
 
-def linear_fuse(g: Graph) -> Graph:
-    """Give Linears their prologues, then their epilogues (see the module doc)."""
-    eqns = _fuse_epilogues(g, _fuse_prologues(g))
+def linear_fuse(g: Graph, *, prologues: bool = True) -> Graph:
+    """Give Linears their prologues (unless ``prologues`` is False), then their epilogues
+    (see the module doc)."""
+    eqns = _fuse_prologues(g) if prologues else list(g.eqns)
+    eqns = _fuse_epilogues(g, eqns)
     return dead_code_elimination(g.replace([e for e in eqns if e is not None]))

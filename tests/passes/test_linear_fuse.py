@@ -216,3 +216,31 @@ def test_fused_linear_kernels_compile_within_each_profiles_workgroup_memory(prof
             seen.add(src)
             assert workgroup_bytes(compile_glsl(src)) <= prof.max_workgroup_memory
     assert len(seen) >= 5
+
+
+def test_prologues_are_planned_on_gpus_only():
+    """runtime.linear_prologues: a CPU device (lavapipe) keeps a GEMV's input producers as
+    kernels (each workgroup's recomputation costs it cycles), a GPU folds them;
+    POOTVK_LINEAR_PROLOGUES overrides either way."""
+    from pootvk.config import Config
+    from pootvk.plan import recorded_profile
+    from pootvk.runtime import linear_prologues
+
+    cpu, gpu = recorded_profile("lavapipe"), recorded_profile("nvidia_h200")
+    auto = Config.from_env({})
+    assert auto.linear_prologues is None
+    assert not linear_prologues(cpu, auto) and linear_prologues(gpu, auto)
+    on = Config.from_env({"POOTVK_LINEAR_PROLOGUES": "1"})
+    off = Config.from_env({"POOTVK_LINEAR_PROLOGUES": "0"})
+    assert linear_prologues(cpu, on) and not linear_prologues(gpu, off)
+    # without prologues the norms stay kernels, the residual epilogues still fold
+    from pootvk.llm.model import SMOLLM2_135M, trace_llama
+
+    cfg = dataclasses.replace(SMOLLM2_135M, layers=2, vocab=1024)
+    with_p = compile_graph(trace_llama(cfg))
+    without = compile_graph(trace_llama(cfg), linear_prologues=False)
+    def count(g, prim):
+        return sum(e.prim is prim for e in g.eqns)
+
+    assert count(with_p, FUSED_ROW) == 0 and count(without, FUSED_ROW) == 2 * 2 + 1
+    assert count(with_p, P.ADD) == count(without, P.ADD)  # residual adds folded in both

@@ -6,6 +6,8 @@ GEMV_N, GEMM and split-K launches, F32/F16/BF16 weights."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -20,6 +22,13 @@ from pootvk.plan import MatMulCombineRequest, MatMulRequest, forced_matmul
 from pootvk.runtime import build_replay
 from tests.helpers import assert_close, examples, random_inputs
 from tests.random_graphs import rms_norm
+
+
+@pytest.fixture(autouse=True)
+def prologues_everywhere(device, monkeypatch):
+    """The prologue kernels run here on every device: lavapipe plans none by default
+    (``runtime.linear_prologues``: a CPU pays the recomputation), so CI would never run them."""
+    monkeypatch.setattr(device, "config", replace(device.config, linear_prologues=True))
 
 TOL = 1e-6  # normalised squared error against the unfused oracle (F32 sums over K)
 
