@@ -29,8 +29,8 @@ def compile_graph(g: Graph, *, check: bool = True, linear_prologues: bool = True
     latency and a CPU device pays in cycles (``runtime.linear_prologues`` decides per device)."""
     if check:
         check_graph(g)
-    passes = PASSES if linear_prologues else \
-        (*PASSES[:-1], partial(linear_fuse, prologues=False))
+    passes = PASSES if linear_prologues else tuple(
+        partial(linear_fuse, prologues=False) if p is linear_fuse else p for p in PASSES)
     for p in passes:
         g = p(g)
         if check:

@@ -441,21 +441,21 @@ def generate_decode_partial(r: DecodeRequest) -> str:
         emit(f"{vt} acc = {vt}(0.0);", 3)
         emit(f"for (uint u = 0u; u < {nent}; ++u) acc += s_o[u * {DVW}u + c];", 3)
         if split:
-            if fused:
-                emit("if (nact == 1u) {  // the only split with keys: the output itself", 3)
+            def store(buf: str, base: str, scale: str, ind: int) -> None:
+                """acc (scaled) into a float buffer at float vector c past ``base``."""
                 if W == 4:
                     for cc, comp in enumerate("xyzw"):
-                        emit(f"dst[orow{i} * {r.dv}u + c * 4u + {cc}u] = acc.{comp} / Lsum;", 4)
+                        emit(f"{buf}[{base} + c * 4u + {cc}u] = acc.{comp}{scale};", ind)
                 else:
-                    emit(f"dst[orow{i} * {r.dv}u + c] = acc / Lsum;", 4)
+                    emit(f"{buf}[{base} + c] = acc{scale};", ind)
+
+            if fused:
+                emit("if (nact == 1u) {  // the only split with keys: the output itself", 3)
+                store("dst", f"orow{i} * {r.dv}u", " / Lsum", 4)
                 emit("continue;", 4)
                 emit("}", 3)
             emit(f"uint pb = (orow{i} * {r.splits}u + split) * {r.dv + 2}u;", 3)
-            if W == 4:
-                for cc, comp in enumerate("xyzw"):
-                    emit(f"{pdst}[pb + c * 4u + {cc}u] = acc.{comp};", 3)
-            else:
-                emit(f"{pdst}[pb + c] = acc;", 3)
+            store(pdst, "pb", "", 3)
             emit("if (c == 0u) {", 3)
             emit(f"{pdst}[pb + {r.dv}u] = M;", 4)
             emit(f"{pdst}[pb + {r.dv + 1}u] = Lsum;", 4)

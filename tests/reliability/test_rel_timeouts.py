@@ -12,7 +12,7 @@ import pytest
 from pootvk.config import Config, config
 from pootvk.errors import DeviceTimeout
 from pootvk.shaders.compiler import compile_glsl
-from pootvk.vk import BufferRange, Device, Dispatch, Recorder
+from pootvk.vk import Buffer, BufferRange, Device, Dispatch, Pipeline, Recorder, Recording
 
 GROUPS = 2000  # x 30000 iterations: ~0.3 s on lavapipe
 GPU_GROUPS = (65535, 16)  # x 65535 iterations: ~0.5 s on an H200 (one lane per workgroup)
@@ -33,14 +33,19 @@ def test_fence_timeout_env_is_read_into_config() -> None:
     assert Config.from_env({}).fence_timeout_s == 600.0
 
 
+def slow_loop(d: Device) -> tuple[Pipeline, Buffer, Recording]:
+    """SLOW's pipeline, its buffer set to ~0.3-0.5 s of work, and its recording."""
+    p = d.compute_pipeline(compile_glsl(SLOW), 1)
+    buf = d.create_buffer(8, host_visible=True, name="slow")
+    cpu = d.profile.device_type == "cpu"
+    buf.write(0, np.array([30_000 if cpu else 65_535, 0], np.uint32))
+    grid = (GROUPS, 1, 1) if cpu else (*GPU_GROUPS, 1)
+    return p, buf, Recorder(d).record([Dispatch(p, (BufferRange(buf),), grid, "slow_loop")])
+
+
 def test_slow_kernel_times_out_then_the_device_is_usable() -> None:
     with Device(None, Config(**{**config().__dict__, "fence_timeout_s": 0.002})) as d:
-        p = d.compute_pipeline(compile_glsl(SLOW), 1)
-        buf = d.create_buffer(8, host_visible=True, name="slow")
-        cpu = d.profile.device_type == "cpu"
-        buf.write(0, np.array([30_000 if cpu else 65_535, 0], np.uint32))
-        grid = (GROUPS, 1, 1) if cpu else (*GPU_GROUPS, 1)
-        rec = Recorder(d).record([Dispatch(p, (BufferRange(buf),), grid, "slow_loop")])
+        _, buf, rec = slow_loop(d)
         t = time.perf_counter()
         with pytest.raises(DeviceTimeout) as e:
             rec.submit()
@@ -70,12 +75,7 @@ def test_fence_polling_before_the_blocking_wait() -> None:
     spin = Config(**{**config().__dict__, "spin_us": 20_000.0, "fence_timeout_s": 0.002})
     with Device(None, spin) as d:
         assert d.spin_ns == 20_000_000
-        p = d.compute_pipeline(compile_glsl(SLOW), 1)
-        buf = d.create_buffer(8, host_visible=True, name="slow")
-        cpu = d.profile.device_type == "cpu"
-        buf.write(0, np.array([30_000 if cpu else 65_535, 0], np.uint32))
-        grid = (GROUPS, 1, 1) if cpu else (*GPU_GROUPS, 1)
-        rec = Recorder(d).record([Dispatch(p, (BufferRange(buf),), grid, "slow_loop")])
+        p, buf, rec = slow_loop(d)
         t = time.perf_counter()
         with pytest.raises(DeviceTimeout):
             rec.submit()  # polls 2 ms (the limit, not 20), then no blocking time is left
