@@ -175,8 +175,8 @@ def bench_decode(model: LlamaModel, timed: Program, pos: int, warm_s: float, ste
     wall = statistics.median(walls)
     gpu = statistics.median(gpus) if gpus else None
     fam = dict.fromkeys(FAMILIES, 0.0)
-    if disp:
-        med = np.median(np.array(disp), axis=0)
+    med = np.median(np.array(disp), axis=0) if disp else None
+    if med is not None:
         for k, t in zip(kernels, med, strict=False):
             fam[family(k.request)] += float(t) * 1e-6
     read = cfg.weight_bytes() + cfg.kv_bytes(pos + 1)
@@ -188,6 +188,7 @@ def bench_decode(model: LlamaModel, timed: Program, pos: int, warm_s: float, ste
     return {"position": pos, "tokens_per_s": 1 / wall, "wall_ms": wall * 1e3,
             "step_gpu_ms": None if step_gpu is None else step_gpu * 1e3,
             "gpu_ms": None if gpu is None else gpu * 1e3, "families_ms": fam,
+            "dispatch_us": None if med is None else [float(t) * 1e-3 for t in med],
             "read_bytes": read, "read_fraction": frac}
 
 
@@ -313,6 +314,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--orders", default="level",
                     help="decode timed with dispatches recorded in these orders: level "
                          "(the default recording), program (the plan's order)")
+    ap.add_argument("--dump", default=None, metavar="START,COUNT",
+                    help="print the per-dispatch GPU times (timed twin, first position) of "
+                         "COUNT dispatches from START in the recorded order")
+    ap.add_argument("--no-peers", action="store_true", help="skip torch and llama-cpp-python")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     positions = [int(x) for x in a.positions.split(",")]
@@ -384,10 +389,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {r['order']:>7} {r['barriers']:>8} {r['position']:>8} "
               f"{r['tokens_per_s']:>9.1f} {r['wall_ms']:>8.3f} {sg:>8} {g:>8} "
               + " ".join(f"{r['families_ms'][f]:>15.3f} ms" for f in FAMILIES) + f" {fr:>12}")
+    if a.dump and dec and dec[0]["dispatch_us"]:
+        start, count = (int(x) for x in a.dump.split(","))
+        rec = timed._replay.recording
+        print(f"dispatches {start}..{start + count - 1} in recorded order ({dec[0]['order']}, "
+              f"position {dec[0]['position']}): | = a barrier before it")
+        for n in range(start, min(start + count, len(rec.order))):
+            i = rec.order[n]
+            d, k = rec.dispatches[i], timed.plan.kernels[i]
+            print(f"  {n:4d} {'|' if rec.barrier_before[i] else ' '} "
+                  f"{dec[0]['dispatch_us'][i]:7.2f} us  groups {d.groups}  {k.label:18s} "
+                  f"{type(k.request).__name__}")
     peers: dict[str, dict | str] = {}
+    if a.no_peers:
+        peers = {"torch": "skipped (--no-peers)", "llama_cpp": "skipped (--no-peers)"}
     for name, fn in (("torch", lambda: bench_torch(cfg, weights, a.prompt, positions,
                                                    max(a.steps, 10))),
                      ("llama_cpp", lambda: bench_llama_cpp(path, a.prompt, a.steps))):
+        if name in peers:
+            continue
         if a.quick and name == "torch":
             peers[name] = "skipped (--quick)"
             continue
