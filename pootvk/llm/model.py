@@ -105,16 +105,22 @@ class LlamaConfig:
         return shapes
 
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
-        """The graph's weight params: :meth:`weight_shapes` with each layer's ``wq`` and
-        ``wk`` packed into one ``wqk`` [(q_heads + kv_heads) * head_dim, hidden] (q rows
-        first), so q and k are one Linear (:func:`model_params` packs them); each is rotated
-        from its slice of it (one kernel for q, k's inside its cache write)."""
+        """The graph's weight params: :meth:`weight_shapes` with each layer's projections
+        that read the same normalised row packed into one matrix (:func:`model_params`
+        packs them): ``wqkv`` [(q_heads + 2 kv_heads) * head_dim, hidden] (q rows, then k,
+        then v) and ``w_gu`` [2 * intermediate, hidden] (gate rows, then up). Why: on a GPU
+        a dispatch costs a few microseconds whatever it computes, and independent ones
+        barely overlap (H200: 5-7 us each for these GEMVs, side by side or not), so one
+        Linear of N=960 beats three of 576/192/192; q, k and v, gate and up are read back
+        as slices of its output (views, or inside the consumers' kernels)."""
         out: dict[str, tuple[int, ...]] = {}
+        h, d = self.hidden, self.head_dim
         for name, shape in self.weight_shapes().items():
             if name.endswith(".wq"):
-                out[name[:-3] + ".wqk"] = ((self.q_heads + self.kv_heads) * self.head_dim,
-                                          self.hidden)
-            elif not name.endswith(".wk"):
+                out[name[:-3] + ".wqkv"] = ((self.q_heads + 2 * self.kv_heads) * d, h)
+            elif name.endswith(".w_gate"):
+                out[name[:-7] + ".w_gu"] = (2 * self.intermediate, h)
+            elif not name.endswith((".wk", ".wv", ".w_up")):
                 out[name] = shape
         return out
 
@@ -146,7 +152,8 @@ SMOLLM2_135M = LlamaConfig(layers=30, q_heads=9, kv_heads=3, head_dim=64, hidden
 def _trace(cfg: LlamaConfig, rows: int) -> Graph:
     """The graph of ``rows`` tokens at ``pos``: decode when rows == 1, else prefill."""
     b = Builder()
-    w = {n: b.param(n, s, cfg.dtype if n.endswith(".wqk") else cfg.weight_dtype_of(n))
+    w = {n: b.param(n, s, cfg.dtype if n.endswith((".wqkv", ".w_gu"))
+                    else cfg.weight_dtype_of(n))
          for n, s in cfg.param_shapes().items()}
     cap, hq, hkv, d = cfg.capacity, cfg.q_heads, cfg.kv_heads, cfg.head_dim
     cos = b.param("rope_cos", (cap, d))  # folded tables: the six-kernel RoPE chain
@@ -180,12 +187,12 @@ def _trace(cfg: LlamaConfig, rows: int) -> Graph:
     x = f32(b.gather(w["embed"], token))  # [rows, hidden]
     for i in range(cfg.layers):
         h = b.rms_norm(x, w[f"l{i}.attn_norm"], cfg.eps)
-        # q and k as one Linear (``wqk`` packs wq over wk), rotated apart: the fusion pass
-        # makes each slice + RoPE one kernel, and k's with its cache write (passes.fuse)
-        qk = heads(linear(h, w[f"l{i}.wqk"]), hq + hkv)
-        q = b.rope(b.slice(qk, (0, 0, 0, 0), (1, hq, rows, d)), pos, cos, sin)
-        k = b.rope(b.slice(qk, (0, hq, 0, 0), (1, hq + hkv, rows, d)), pos, cos, sin)
-        v = heads(linear(h, w[f"l{i}.wv"]), hkv)
+        # q, k and v as one Linear (``wqkv``), read apart: the fusion pass makes each
+        # slice + RoPE one kernel, k's and v's with their cache writes (passes.fuse)
+        qkv = heads(linear(h, w[f"l{i}.wqkv"]), hq + 2 * hkv)
+        q = b.rope(b.slice(qkv, (0, 0, 0, 0), (1, hq, rows, d)), pos, cos, sin)
+        k = b.rope(b.slice(qkv, (0, hq, 0, 0), (1, hq + hkv, rows, d)), pos, cos, sin)
+        v = b.slice(qkv, (0, hq + hkv, 0, 0), (1, hq + 2 * hkv, rows, d))
         if cfg.cache_dtype is not F32:
             k, v = b.convert(k, cfg.cache_dtype), b.convert(v, cfg.cache_dtype)
         kc = b.state(f"l{i}.k_cache", (1, hkv, cap, d), cfg.cache_dtype)
@@ -197,8 +204,11 @@ def _trace(cfg: LlamaConfig, rows: int) -> Graph:
         att = attention_live(b, q, kc, vc, length, mask=mask, guard=f"l{i}.len")
         x = b.add(x, linear(unheads(att), w[f"l{i}.wo"]))
         h = b.rms_norm(x, w[f"l{i}.mlp_norm"], cfg.eps)
-        gate = b.silu(linear(h, w[f"l{i}.w_gate"]))
-        x = b.add(x, linear(b.mul(gate, linear(h, w[f"l{i}.w_up"])), w[f"l{i}.w_down"]))
+        gu = linear(h, w[f"l{i}.w_gu"])  # [rows, 2 * intermediate]: gate, then up
+        f = cfg.intermediate
+        gate = b.silu(b.slice(gu, (0, 0), (rows, f)))
+        up = b.slice(gu, (0, f), (rows, 2 * f))
+        x = b.add(x, linear(b.mul(gate, up), w[f"l{i}.w_down"]))
     if last is not None:
         x = b.gather(x, last)  # [1, hidden]: only the last real row's logits are wanted
     head = w["embed"] if cfg.tied_embeddings else w["lm_head"]
@@ -253,8 +263,10 @@ def model_params(cfg: LlamaConfig, weights: Mapping[str, np.ndarray]) -> dict[st
         if a.shape != shape:
             raise InvalidArgument(name, f"shape {shape}", a.shape)
         out[name] = a.astype(cfg.weight_dtype_of(name).numpy, copy=False)
-    for i in range(cfg.layers):  # the graph's packed q/k projection (LlamaConfig.param_shapes)
-        out[f"l{i}.wqk"] = np.concatenate([out.pop(f"l{i}.wq"), out.pop(f"l{i}.wk")])
+    for i in range(cfg.layers):  # the graph's packed projections (LlamaConfig.param_shapes)
+        out[f"l{i}.wqkv"] = np.concatenate(
+            [out.pop(f"l{i}.wq"), out.pop(f"l{i}.wk"), out.pop(f"l{i}.wv")])
+        out[f"l{i}.w_gu"] = np.concatenate([out.pop(f"l{i}.w_gate"), out.pop(f"l{i}.w_up")])
     if "rope_cos" in weights and "rope_sin" in weights:
         out["rope_cos"], out["rope_sin"] = weights["rope_cos"], weights["rope_sin"]
     else:

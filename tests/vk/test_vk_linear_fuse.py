@@ -34,7 +34,8 @@ TOL = 1e-6  # normalised squared error against the unfused oracle (F32 sums over
 
 
 def block(rows: int, k: int, n: int, dt: DType, transpose: bool = True, *, norm: bool = True,
-          residual: bool = True, glu: bool = False, x16: bool = False, y16: bool = False):
+          residual: bool = True, glu: bool = False, packed: bool = False, x16: bool = False,
+          y16: bool = False):
     """A Llama-block-shaped chain around one or two Linears: [RMSNorm | x16 -> F32] ->
     x @ W (or SwiGLU of two) -> [+ residual] -> [Convert to F16]."""
     b = Builder()
@@ -47,7 +48,12 @@ def block(rows: int, k: int, n: int, dt: DType, transpose: bool = True, *, norm:
         wf = w if dt is F32 else b.convert(w, F32)
         return b.matmul(v, b.transpose(wf, (1, 0)) if transpose else wf)
 
-    if glu:  # silu(a @ Wg) * (a @ Wu) -> @ Wd: the product is the down Linear's prologue
+    if glu and packed:  # gate|up as one Linear, the halves sliced apart (llm.model's form)
+        gu = lin(a, "wgu", k, 4 * n)
+        h = b.mul(b.silu(b.slice(gu, (0, 0), (rows, 2 * n))),
+                  b.slice(gu, (0, 2 * n), (rows, 4 * n)))
+        y = lin(h, "wd", 2 * n, n)
+    elif glu:  # silu(a @ Wg) * (a @ Wu) -> @ Wd: the product is the down Linear's prologue
         h = b.mul(b.silu(lin(a, "wg", k, 2 * n)), lin(a, "wu", k, 2 * n))
         y = lin(h, "wd", 2 * n, n)
     else:
@@ -111,6 +117,20 @@ def test_swiglu_is_the_down_projections_prologue(device, transpose):
     assert [type(r) for r in reqs] == [MatMulRequest] * 3, [r.describe() for r in reqs]
     down = reqs[-1]
     assert down.prologue is not None and down.prologue.row is None
+    assert down.epilogue is not None
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("transpose", [True, False], ids=["gemv_t", "gemv_n"])
+def test_swiglu_over_the_halves_of_one_packed_linear(device, transpose, rows):
+    """gate|up as one Linear whose output's two halves are sliced apart: the down
+    projection's prologue reads both halves of it through the slices (an index-moving
+    body), so the step is two kernels."""
+    g = block(rows, 64, 32, F16, transpose, glu=True, packed=True)
+    reqs = check(device, g)
+    assert [type(r) for r in reqs] == [MatMulRequest] * 2, [r.describe() for r in reqs]
+    down = reqs[-1]
+    assert down.prologue is not None and down.prologue.body.moves
     assert down.epilogue is not None
 
 
