@@ -150,11 +150,16 @@ def kernel_summary(req: object) -> str:
         FusedReduceRequest,
         FusedRequest,
         FusedUpdateRequest,
+        GroupRequest,
         PrimRequest,
         ReduceRequest,
         ScatterRequest,
     )
 
+    if isinstance(req, GroupRequest):
+        return (f"group of {len(req.parts)} independent launches as one "
+                f"({'+'.join(map(str, req.part_groups))} workgroups x {req.local_size}): "
+                + "; ".join(kernel_summary(p) for p in req.parts))
     if isinstance(req, DecodeRequest):
         extra = ", fused combine" if req.splits > 1 and req.fused_combine else ""
         return (f"grouped split-KV: {req.workgroups} workgroups x {req.local_size} lanes "

@@ -15,6 +15,8 @@ process-wide one from :func:`config`).
 |                     |              | (registers, spills...; Pipeline.statistics())        |
 | POOTVK_PROGRAM_ORDER | program_order | 1 = record dispatches in the plan's order, not level |
 |                     |              | by level (vk.hazards.level_order; for comparisons)   |
+| POOTVK_GROUP_KERNELS | group_kernels | 0 = one launch per elementwise kernel, not one per  |
+|                     |              | dependency level (plan.group; for comparisons)       |
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ class Config:
     #: fold GEMV input producers into the GEMV (None: on a GPU, not on a CPU device);
     #: POOTVK_LINEAR_PROLOGUES=0/1
     linear_prologues: bool | None = None
+    #: one launch for each dependency level's small elementwise kernels (plan.group)
+    group_kernels: bool = True
 
     @staticmethod
     def from_env(env: dict[str, str] | None = None) -> Config:
@@ -58,6 +62,7 @@ class Config:
             spin_us=float(env["POOTVK_SPIN_US"]) if env.get("POOTVK_SPIN_US") else None,
             linear_prologues=None if not env.get("POOTVK_LINEAR_PROLOGUES") else
             env["POOTVK_LINEAR_PROLOGUES"] not in ("0", "false", "no"),
+            group_kernels=env.get("POOTVK_GROUP_KERNELS", "1") not in ("0", "false", "no"),
         )
 
 

@@ -255,8 +255,10 @@ def _check_gated(g: Graph, info: UseInfo) -> None:
                 "(compile the graph: passes.gate_state_writes)")
 
 
-def plan_graph(g: Graph, profile: DeviceProfile) -> Plan:
-    """Plan a compiled graph for ``profile``; every refusal is a typed error."""
+def plan_graph(g: Graph, profile: DeviceProfile, *, group: bool = True) -> Plan:
+    """Plan a compiled graph for ``profile``; every refusal is a typed error. With
+    ``group`` the kernels are listed level by level and each level's small elementwise
+    kernels share one launch (``plan.group``)."""
     has16 = bool(profile.extra.get("storage_buffer_16bit"))
     for i, e in enumerate(g.eqns):
         for v in (*e.inputs, *e.outputs):
@@ -326,6 +328,10 @@ def plan_graph(g: Graph, profile: DeviceProfile) -> Plan:
             else:
                 bound.append(BoundOperand(b, locs[op], roles[op]))
         kernels.append(Kernel(c.request, tuple(bound), i, c.label))
+    if group:
+        from .group import group_kernels  # it builds Kernels: imported after this module
+
+        kernels = group_kernels(kernels, profile)
     outputs = {name: locs[v] for name, v in g.outputs().items()}
     shown = {info.producer[v]: locs[v] for v in views}
     return Plan(g, profile, kernels, bufs, locs, layout, outputs, dict(sorted(shown.items())))

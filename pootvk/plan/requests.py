@@ -349,6 +349,38 @@ class FusedUpdateRequest:
         )
 
 
+@dataclass(frozen=True)
+class GroupRequest:
+    """Independent elementwise kernels (``parts``: Fused and FusedUpdate launches with no
+    hazard between them, ``plan.group``) as one launch: the workgroups are dealt out part
+    by part, each part's ``threads`` over ``local_size`` lanes, and each workgroup runs its
+    part's code. Why: on a GPU a launch costs a few microseconds whatever it computes, and
+    independent launches barely overlap (H200, one SmolLM2 layer: q's rotation and the two
+    cache writes took 3.2-3.5 us each, side by side). Bindings: each part's, in order,
+    prefixed ``p{i}_``; no push constants."""
+
+    parts: tuple[FusedRequest | FusedUpdateRequest, ...]
+    local_size: int
+    grid: tuple[int, int]
+
+    @property
+    def part_groups(self) -> tuple[int, ...]:
+        """Workgroups per part, in order."""
+        return tuple(-(-max(p.threads, 1) // self.local_size) for p in self.parts)
+
+    def push_constants(self) -> tuple[int, ...]:
+        return ()
+
+    def bindings(self) -> tuple[Binding, ...]:
+        return tuple(Binding(f"p{i}_{b.name}", b.access, b.dtype)
+                     for i, p in enumerate(self.parts) for b in p.bindings())
+
+    def describe(self) -> str:
+        inner = "; ".join(p.describe() for p in self.parts)
+        return (f"Group[{inner}] wg={self.local_size} groups={'+'.join(map(str, self.part_groups))}"
+                f" grid={self.grid[0]}x{self.grid[1]}")
+
+
 def fold_grid(groups: int, max_grid: tuple[int, int, int]) -> tuple[int, int]:
     """Lay ``groups`` workgroups over X, or over a 2-D grid when X alone is too small.
 

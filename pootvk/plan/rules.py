@@ -37,6 +37,7 @@ from .requests import (
     FusedReduceRequest,
     FusedRequest,
     FusedUpdateRequest,
+    GroupRequest,
     LiteralOperand,
     PrimRequest,
     ReduceRequest,
@@ -48,7 +49,7 @@ from .schedule import attention_schedule
 KernelRequest = (
     AttentionRequest | PrimRequest | ReduceRequest | ScatterRequest | DecodeRequest
     | DecodeCombineRequest | MatMulRequest | MatMulCombineRequest | FusedRequest
-    | FusedReduceRequest | FusedUpdateRequest
+    | FusedReduceRequest | FusedUpdateRequest | GroupRequest
 )
 
 PRIM_WORKGROUP = 64

@@ -55,7 +55,8 @@ def linear_prologues(profile: DeviceProfile, cfg: Config | None = None) -> bool:
 def build_plan(g: Graph, device: Device) -> Plan:
     """Compile and plan ``g``; POOTVK_DEBUG=1 logs the plan, 2 also every kernel's source."""
     pro = linear_prologues(device.profile, device.config)
-    plan = plan_graph(compile_graph(g, linear_prologues=pro), device.profile)
+    plan = plan_graph(compile_graph(g, linear_prologues=pro), device.profile,
+                      group=device.config.group_kernels)
     level = config().debug
     if level >= 1:
         log.info("%s", plan)

@@ -27,7 +27,13 @@ from collections.abc import Callable
 from ..ir import BF16, BOOL, F16, F32, I32, U32, DType, ReduceOp
 from ..ir import prims as P
 from ..ir.fused import FusedBody, Leaf, Node
-from ..plan.requests import FusedReduceRequest, FusedRequest, FusedUpdateRequest, LiteralOperand
+from ..plan.requests import (
+    FusedReduceRequest,
+    FusedRequest,
+    FusedUpdateRequest,
+    GroupRequest,
+    LiteralOperand,
+)
 from .common import (
     BF16_ROUND,
     F16_ROUND,
@@ -305,59 +311,105 @@ def _uses_half(body: FusedBody) -> bool:
 ROUND16 = F16_ROUND + BF16_ROUND
 
 
-@generators.register(FusedRequest)
-def generate_fused(req: FusedRequest) -> str:
+def _fused_main(req: FusedRequest, pre: str = "") -> str:
+    """The statements of a Fused launch after ``gid`` (its invocation's output element) is
+    known; its bindings named with the prefix ``pre``."""
     rank = len(req.output[0])
-    binds = req.bindings()
     lines, result, _ = body_lines(
-        req.body, lambda j, leaf: f"x{j}[{bcast_index(leaf.shape, rank)}]"
+        req.body, lambda j, leaf: f"{pre}x{j}[{bcast_index(leaf.shape, rank)}]",
+        read_at=lambda j, leaf, index: f"{pre}x{j}[{index}]",
     )
-    storage16 = any(b.dtype in HALF for b in binds)
     return (
-        header(req.local_size, storage16)
-        + declare_bindings(binds)
-        + (ROUND16 if _uses_half(req.body) or req.output[1] in HALF else "")
-        + "void main() {\n"
-        + f"    uint gid = {group_id(req.grid[0])} * {req.local_size}u"
-        + " + gl_LocalInvocationID.x;\n"
-        + f"    if (gid >= {req.threads}u) return;\n"
+        f"    if (gid >= {req.threads}u) return;\n"
         + decode_index(req.output[0])
         + "\n"
         + "\n".join(lines)
-        + f"\n    y[gid] = {store(result, req.output[1])};\n}}\n"
+        + f"\n    {pre}y[gid] = {store(result, req.output[1])};\n"
     )
+
+
+def _update_main(req: FusedUpdateRequest, pre: str = "") -> str:
+    """The statements of a FusedUpdate launch after ``gid`` (its update element) is known:
+    the gates (a failed guard writes nothing), the starts clamped so the update fits
+    (DynamicUpdateSlice's rule), the body, and its value stored at the element's index plus
+    the starts; its bindings named with the prefix ``pre``."""
+    ushape, (sshape, sdt) = req.body.out.shape, req.state
+    rank = len(ushape)
+    lines, result, _ = body_lines(
+        req.body, lambda j, leaf: f"{pre}x{j}[{bcast_index(leaf.shape, rank)}]",
+        read_at=lambda j, leaf, index: f"{pre}x{j}[{index}]",
+    )
+    head = [f"    if ({pre}g{k}[0] != 0) return;  // a guard failed: the state is not written"
+            for k in range(req.gates)]
+    for d, st in enumerate(req.starts):
+        s = literal(st.value, st.dtype) if isinstance(st, LiteralOperand) else f"{pre}s{d}[0]"
+        head.append(f"    uint s{d}_ = uint(clamp(int({s}), 0, {sshape[d] - ushape[d]}));")
+    idx = " + ".join(f"(i{d} + s{d}_) * {st}u" for d, st in enumerate(strides(sshape)))
+    return (
+        f"    if (gid >= {req.threads}u) return;\n"
+        + decode_index(ushape)
+        + "\n" + "\n".join(head) + "\n"
+        + "\n".join(lines)
+        + f"\n    {pre}y[{idx or '0u'}] = {store(result, sdt)};\n"
+    )
+
+
+def _part_main(req: FusedRequest | FusedUpdateRequest, pre: str = "") -> str:
+    return _fused_main(req, pre) if isinstance(req, FusedRequest) else _update_main(req, pre)
+
+
+def _part_half(req: FusedRequest | FusedUpdateRequest) -> bool:
+    """Whether a part's code calls the 16-bit rounding helpers."""
+    out = req.output[1] if isinstance(req, FusedRequest) else req.state[1]
+    return _uses_half(req.body) or out in HALF
+
+
+def _single(req: FusedRequest | FusedUpdateRequest) -> str:
+    binds = req.bindings()
+    return (
+        header(req.local_size, any(b.dtype in HALF for b in binds))
+        + declare_bindings(binds)
+        + (ROUND16 if _part_half(req) else "")
+        + "void main() {\n"
+        + f"    uint gid = {group_id(req.grid[0])} * {req.local_size}u"
+        + " + gl_LocalInvocationID.x;\n"
+        + _part_main(req)
+        + "}\n"
+    )
+
+
+@generators.register(FusedRequest)
+def generate_fused(req: FusedRequest) -> str:
+    return _single(req)
 
 
 @generators.register(FusedUpdateRequest)
 def generate_fused_update(req: FusedUpdateRequest) -> str:
-    """One invocation per update element: the gates (a failed guard writes nothing), the
-    starts clamped so the update fits (DynamicUpdateSlice's rule), the body, and its value
-    stored at the element's index plus the starts."""
-    ushape, (sshape, sdt) = req.body.out.shape, req.state
-    rank = len(ushape)
+    return _single(req)
+
+
+@generators.register(GroupRequest)
+def generate_group(req: GroupRequest) -> str:
+    """Each part as a function of its element index (its bindings prefixed ``p{i}_``);
+    ``main`` hands each workgroup to its part: a part's workgroups are consecutive, so the
+    branch is uniform per workgroup."""
     binds = req.bindings()
-    lines, result, _ = body_lines(
-        req.body, lambda j, leaf: f"x{j}[{bcast_index(leaf.shape, rank)}]"
-    )
-    pre = [f"    if (g{k}[0] != 0) return;  // a guard failed: the state is not written"
-           for k in range(req.gates)]
-    for d, st in enumerate(req.starts):
-        s = literal(st.value, st.dtype) if isinstance(st, LiteralOperand) else f"s{d}[0]"
-        pre.append(f"    uint s{d}_ = uint(clamp(int({s}), 0, {sshape[d] - ushape[d]}));")
-    idx = " + ".join(f"(i{d} + s{d}_) * {st}u" for d, st in enumerate(strides(sshape)))
-    storage16 = any(b.dtype in HALF for b in binds)
+    parts = "".join(f"void part{i}(uint gid) {{\n{_part_main(p, f'p{i}_')}}}\n"
+                    for i, p in enumerate(req.parts))
+    calls, base = [], 0
+    for i, n in enumerate(req.part_groups):
+        calls.append(f"    if (wg < {base + n}u) {{ part{i}((wg - {base}u) * {req.local_size}u"
+                     " + gl_LocalInvocationID.x); return; }")
+        base += n
     return (
-        header(req.local_size, storage16)
+        header(req.local_size, any(b.dtype in HALF for b in binds))
         + declare_bindings(binds)
-        + (ROUND16 if _uses_half(req.body) or sdt in HALF else "")
+        + (ROUND16 if any(_part_half(p) for p in req.parts) else "")
+        + parts
         + "void main() {\n"
-        + f"    uint gid = {group_id(req.grid[0])} * {req.local_size}u"
-        + " + gl_LocalInvocationID.x;\n"
-        + f"    if (gid >= {req.threads}u) return;\n"
-        + decode_index(ushape)
-        + "\n" + "\n".join(pre) + "\n"
-        + "\n".join(lines)
-        + f"\n    y[{idx or '0u'}] = {store(result, sdt)};\n}}\n"
+        + f"    uint wg = {group_id(req.grid[0])};\n"
+        + "\n".join(calls)
+        + "\n}\n"
     )
 
 

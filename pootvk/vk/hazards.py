@@ -24,9 +24,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from pootvk.access import Access
+from pootvk.access import Access, Touch
+from pootvk.access import levels as access_levels
 
 if TYPE_CHECKING:
     from .recorder import Dispatch
@@ -35,8 +34,6 @@ __all__ = ["Access", "barriers_before", "level_order", "levels"]
 
 
 Span = tuple[int, int]
-#: One binding of one dispatch as the hazard rules see it: (buffer, start, end, access).
-Touch = tuple[Any, int, int, Access]
 
 
 def touches(d: Dispatch) -> list[Touch]:
@@ -84,38 +81,9 @@ def barriers_before(dispatches: Sequence[Dispatch]) -> tuple[bool, ...]:
 def levels(dispatches: Sequence[Dispatch]) -> tuple[int, ...]:
     """Each dispatch's level: 1 + the highest level of the earlier dispatches it has a
     hazard with (the rules of :func:`barriers_before`, over all earlier dispatches, not
-    only those since a barrier), 0 if none.
-
-    Per buffer, the byte ranges' end points cut the buffer into pieces; each piece keeps the
-    highest level that wrote it and the highest that read it. A dispatch's reads wait for
-    the writes of their pieces, its writes for the writes and the reads: the per-byte form
-    of the pairwise rule, in O(dispatches x bindings x pieces touched)."""
-    per = [touches(d) for d in dispatches]
-    cuts: dict[Any, set[int]] = {}
-    for ts in per:
-        for buffer, lo, hi, _ in ts:
-            cuts.setdefault(buffer, set()).update((lo, hi))
-    edges = {b: np.array(sorted(c), np.int64) for b, c in cuts.items()}
-    wrote = {b: np.full(len(e), -1, np.int64) for b, e in edges.items()}
-    read = {b: np.full(len(e), -1, np.int64) for b, e in edges.items()}
-    out: list[int] = []
-    for ts in per:
-        pieces = []
-        level = 0
-        for buffer, lo, hi, access in ts:
-            e = edges[buffer]
-            i, j = int(np.searchsorted(e, lo)), int(np.searchsorted(e, hi))
-            pieces.append((buffer, i, j, access))
-            level = max(level, int(wrote[buffer][i:j].max()) + 1)
-            if access & Access.WRITE:
-                level = max(level, int(read[buffer][i:j].max()) + 1)
-        for buffer, i, j, access in pieces:  # after all reads: a binding never waits on itself
-            if access & Access.READ:
-                np.maximum(read[buffer][i:j], level, out=read[buffer][i:j])
-            if access & Access.WRITE:
-                np.maximum(wrote[buffer][i:j], level, out=wrote[buffer][i:j])
-        out.append(level)
-    return tuple(out)
+    only those since a barrier), 0 if none (:func:`pootvk.access.levels` over their
+    bindings' byte ranges)."""
+    return access_levels([touches(d) for d in dispatches])
 
 
 def level_order(dispatches: Sequence[Dispatch]) -> tuple[int, ...]:

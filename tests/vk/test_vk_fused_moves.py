@@ -131,7 +131,7 @@ def test_a_small_llama_decodes_like_the_oracle_with_fused_writes(device):
     cfg = LlamaConfig(layers=2, q_heads=4, kv_heads=2, head_dim=16, hidden=32,
                       intermediate=64, vocab=50, capacity=16, kv_dtype="float16")
     labels = [k.label for k in plan_graph(compile_graph(trace_llama(cfg)),
-                                          device.profile).kernels]
+                                          device.profile, group=False).kernels]
     assert labels.count("fused update") == 2 * cfg.layers and "Slice" not in labels
     oracle = OracleLlama(cfg, seed=3)
     with LlamaModel(cfg, device=device, seed=3, buckets=(4,)) as model:
