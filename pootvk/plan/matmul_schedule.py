@@ -99,6 +99,10 @@ GEMV_N_SPLIT_WAVES = 4
 #: GEMV_T on a GPU: output groups (of ``lanes``) per workgroup; loads in flight per lane
 #: for 16-bit and for F32 words.
 GEMV_T_GROUPS = 4
+#: GEMV_T on a GPU: vector words each lane reads of an output row at least; rows of fewer
+#: than ``GEMV_T_LANES * GEMV_T_MIN_WORDS`` words get narrower lane groups (more rows per
+#: workgroup, the same ``GEMV_T_GROUPS * GEMV_T_LANES`` invocations)
+GEMV_T_MIN_WORDS = 8
 GEMV_T_UNROLL_16 = 4
 GEMV_T_UNROLL_32 = 2
 
@@ -441,14 +445,32 @@ def _gemv_t_gpu(base: MatMulRequest, nb: int, units: int,
     - *groups* 4 (128 invocations): 8 groups are within 1.5% except 4096x4096 F32 (1.05).
     - *unroll* 4 for 16-bit words (2 is 1.045 and 1.03 at 4096x14336 and 8192x28672 F16),
       2 for F32 (4 is 1.03 at 4096x4096 F32), capped at the words one lane reads.
+    - *short rows*: at K=576 F16 (72 16-byte words a row) 32 lanes read 2.25 words each and
+      wait on latency (one H200 run of ``bench/prologue_gemv.py``, RMSNorm prologue, lanes x
+      groups): the LM head (N=49152, 56.6 MB) 68.9 us at 32 x 4, 38.8 at 16 x 8, **24.8 at
+      8 x 16**; but with few rows the workgroups get too few: N=3072 9.7 / **7.0** / 7.4 us,
+      N=960 **6.05** (32 x 4, 240 workgroups) / 6.08 / 7.1 and 6.5 at the old 32 x 2; N=576
+      **6.05** / 6.05 / 7.1; K=1536 N=576 8.6 at 32 x 2, 8.9 at 32 x 4. So a lane group starts
+      at ``GEMV_T_MIN_WORDS`` words a lane, the workgroup keeping its 128 invocations in more
+      rows, and widens back (fewer rows a workgroup) until there are ``GEMV_WAVES`` per unit;
+      then, where it started narrower, workgroups halve only below one per unit.
     """
     b_dtype = base.b_dtype
     vec = _vec(base.k, b_dtype)
     kw = base.k // vec
-    lanes = min(_pow2_floor(kw), GEMV_T_LANES)
-    groups = max(1, min(GEMV_T_GROUPS, profile.max_invocations // lanes))
+    lanes = min(_pow2_floor(max(1, kw // GEMV_T_MIN_WORDS)), GEMV_T_LANES)
+    invocations = min(GEMV_T_GROUPS * GEMV_T_LANES, profile.max_invocations)
+    groups = max(1, invocations // lanes)
+    short = lanes < GEMV_T_LANES
+
+    def workgroups(g: int) -> int:
+        return nb * -(-base.n // g)
+
+    while lanes < GEMV_T_LANES and groups > 1 and workgroups(groups) < GEMV_WAVES * units:
+        lanes, groups = lanes * 2, groups // 2
     # fewer outputs per workgroup until every unit has work
-    while groups > 1 and nb * -(-base.n // groups) < GEMV_WAVES * units:
+    floor = units if short else GEMV_WAVES * units
+    while groups > 1 and workgroups(groups) < floor:
         groups //= 2
     unroll = GEMV_T_UNROLL_32 if b_dtype is F32 else GEMV_T_UNROLL_16
     unroll = max(1, min(unroll, _pow2_floor(max(1, kw // lanes))))

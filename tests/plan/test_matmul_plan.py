@@ -159,6 +159,26 @@ def test_h200_gemv_rule_picks_the_tuned_schedule(k, n, dt, transpose):
     assert r.vec * dt.device_itemsize == 16 and r.subgroup
 
 
+#: (K, N) of F16 W [N, K] -> (lanes, groups): short rows (K=576: 72 words) at SmolLM2's
+#: shapes, from one H200 run of ``bench/prologue_gemv.py`` (RMSNorm prologue; us of the pick
+#: against the best of 9 lanes x groups variants)
+H200_SHORT_ROWS = {
+    (576, 49152): (8, 16),  # 24.8 us, best (the old 32 x 4: 68.9)
+    (576, 3072): (16, 8),  # 7.0 us, best (32 x 4: 9.7)
+    (576, 960): (32, 4),  # 6.05 us, best (the old 32 x 2: 6.5)
+    (576, 576): (32, 4),  # 6.05 us, best (tied with 16 x 8)
+    (1536, 576): (32, 4),  # 8.9 us (best 8.6 at 32 x 2)
+}
+
+
+@pytest.mark.parametrize(("k", "n"), list(H200_SHORT_ROWS))
+def test_h200_short_rows_take_narrow_lane_groups_while_workgroups_suffice(k, n):
+    r = _only_request(_linear((1,), k, n, True, F16), H200)
+    assert r.kind is MatMulKind.GEMV_T and r.outs == 1 and r.splits == 1
+    assert (r.lanes, r.groups) == H200_SHORT_ROWS[(k, n)]
+    assert r.lanes * r.groups == 128
+
+
 def test_cpu_gemv_keeps_small_workgroups():
     """lavapipe keeps the seed CPU shapes (64 invocations, 2 loads in flight): its compile
     time and thread count do not profit from the GPU rule."""
