@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TypeVar
 
-from ..errors import ShapeError, UnsupportedPrimitive
+from ..errors import ShapeError
 from .dtypes import BF16, F16, F32, I32, DType
 
 Shape = tuple[int, ...]
@@ -84,12 +84,15 @@ class AttentionForm:
     @property
     def roles(self) -> tuple[str, ...]:
         """The fused eqn's operand roles in operand order: q, k, v, then the additive mask,
-        the live length ``len``, and a split key's ``k_shared``, each where the form has it.
-        Stages take operands by these names (``attention_operands``); kernels bind them by
-        the same names."""
+        the live length ``len``, a split key's ``k_shared`` and a paged key's ``read`` map,
+        each where the form has it. Stages take operands by these names
+        (``attention_operands``); kernels bind them by the same names. A paged form's k and
+        v are the pools [S, Hkv, D] and ``read`` [B, Lk] I32 names the pool slot of each
+        logical key: key t of row b and head g is pool row ``read[b, t] * Hkv + g``."""
         return ("q", "k", "v", *(("mask",) if self.mask is MaskKind.ADDITIVE else ()),
                 *(("len",) if self.live else ()),
-                *(("k_shared",) if self.keys is KeyLayout.SPLIT else ()))
+                *(("k_shared",) if self.keys is KeyLayout.SPLIT else ()),
+                *(("read",) if self.keys is KeyLayout.PAGED else ()))
 
     @property
     def n_operands(self) -> int:
@@ -102,6 +105,19 @@ def attention_operands(form: AttentionForm, operands: Sequence[T]) -> dict[str, 
         raise ShapeError(f"Attention {form.describe()} takes {form.n_operands} operands "
                          f"{form.roles}, got {len(operands)}")
     return dict(zip(form.roles, operands, strict=True))
+
+
+def paged_view_shapes(k_pool: Shape, v_pool: Shape, read: Shape) -> tuple[Shape, Shape]:
+    """The logical [B, Hkv, Lk, D] key and value shapes of pools k [S, Hkv, Dk] and
+    v [S, Hkv, Dv] read through ``read`` [B, Lk]."""
+    if len(k_pool) != 3 or len(v_pool) != 3 or len(read) != 2:
+        raise ShapeError(f"a paged key takes pools k [S, Hkv, Dk], v [S, Hkv, Dv] and read "
+                         f"[B, Lk], got k {tuple(k_pool)}, v {tuple(v_pool)}, "
+                         f"read {tuple(read)}")
+    if tuple(k_pool[:2]) != tuple(v_pool[:2]):
+        raise ShapeError(f"pools differ in slots or heads: k {tuple(k_pool)}, v {tuple(v_pool)}")
+    b, lk = read
+    return (b, k_pool[1], lk, k_pool[2]), (b, v_pool[1], lk, v_pool[2])
 
 
 def _rank4(name: str, s: Shape) -> None:
@@ -181,11 +197,18 @@ def form_for(
 def check_form_operands(
     form: AttentionForm, shapes: Sequence[Shape], dtypes: Sequence[DType]
 ) -> tuple[Shape, DType]:
-    """The shape rule of a fused Attention eqn: its operands against its form."""
-    if form.keys is KeyLayout.PAGED:
-        raise UnsupportedPrimitive("Attention", f"the {form.keys.value} key form is not built")
+    """The shape rule of a fused Attention eqn: its operands against its form (a paged
+    form's pools and read map checked, then its logical [B, Hkv, Lk, D] K/V)."""
     sh = attention_operands(form, shapes)
     dt = attention_operands(form, dtypes)
+    if form.keys is KeyLayout.PAGED:
+        sh = dict(sh)
+        sh["k"], sh["v"] = paged_view_shapes(sh["k"], sh["v"], sh["read"])
+        if dt["read"] is not I32:
+            raise ShapeError(f"a paged key's read map must be i32, got {dt['read'].value}")
+        if sh["read"][0] != sh["q"][0]:
+            raise ShapeError(f"read map {tuple(sh['read'])} has not the query's "
+                             f"{sh['q'][0]} rows")
     mask, ks = sh.get("mask"), sh.get("k_shared")
     out = check_attention(sh["q"], sh["k"], sh["v"], mask, softcap=form.softcap,
                           n_rep=form.n_rep, k_shared=ks)

@@ -108,3 +108,23 @@ def test_count_takes_a_prim_not_a_name():
     assert g.count(P.DYNAMIC_UPDATE_SLICE) == 2
     with pytest.raises(TypeError, match="Prim"):
         g.count("DynamicUpdateSlice")  # a name would silently count nothing
+
+
+def test_the_paged_key_form_types_its_pools_and_read_map():
+    """A paged form's k/v are pools [S, Hkv, D] read through read [B, Lk] (i32): the shape
+    rule checks them and the logical [B, Hkv, Lk, D] K/V they stand for."""
+    from pootvk.errors import ShapeError
+    from pootvk.ir import F16, F32, I32
+    from pootvk.ir.attention_form import AttentionForm, KeyLayout, check_form_operands
+
+    form = AttentionForm(scale=0.125, n_rep=4, keys=KeyLayout.PAGED, kv_dtype=F16, live=True)
+    assert form.roles == ("q", "k", "v", "len", "read")
+    shapes = [(2, 8, 1, 64), (96, 2, 64), (96, 2, 32), (2,), (2, 40)]
+    dts = [F32, F16, F16, I32, I32]
+    assert check_form_operands(form, shapes, dts) == ((2, 8, 1, 32), F32)
+    with pytest.raises(ShapeError, match="read map must be i32"):
+        check_form_operands(form, shapes, [F32, F16, F16, I32, F32])
+    with pytest.raises(ShapeError, match="rows"):
+        check_form_operands(form, shapes[:4] + [(3, 40)], dts)
+    with pytest.raises(ShapeError, match="pools differ"):
+        check_form_operands(form, [shapes[0], (96, 2, 64), (95, 2, 32), (2,), (2, 40)], dts)
