@@ -20,7 +20,7 @@ attention_decode`` turns a request into sources.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import AttentionLds, DtypeLowering, ScratchBytes, ShapeError
 from ..ir import F32, I32, U32, DType
@@ -73,7 +73,7 @@ KEYS_PER_ITER = 4
 LOCAL_SIZE = 256
 #: K/V bytes per (batch row, KV head) up to which a workgroup serves one query row
 #: (choose_decode_schedule: the register-bound fixed cost of a multi-row kernel dominates)
-SHORT_CACHE_BYTES = 2 << 20
+SHORT_CACHE_BYTES = 3 << 20
 #: 16-bit K/V up to this many keys keep 16 lanes per key when split (choose_decode_schedule)
 SHORT_16BIT_LK = 8192
 #: Split cap when even MAX_SPLITS splits fill at most half the compute units (B*Hkv tiny).
@@ -249,8 +249,9 @@ class DecodeRequest(_GroupShape):
 
     @property
     def shared_bytes(self) -> int:
+        fused = self.splits if self.splits > 1 and self.fused_combine else 0
         return decode_shared_bytes(self.local_size, self.lanes_per_key, self.keys_per_iter,
-                                   self.rows_per_wg, self.dv, self.subgroup)
+                                   self.rows_per_wg, self.dv, self.subgroup, fused)
 
     def push_constants(self) -> tuple[int, ...]:
         """The key count Lk (the K/V row stride): a push constant, so one compiled kernel
@@ -346,17 +347,19 @@ def chunk_for(lk: int, splits: int, tile: int) -> int:
 
 
 def decode_shared_bytes(local_size: int, lanes_per_key: int, keys_per_iter: int, rows: int,
-                        dv: int, subgroup: bool) -> int:
+                        dv: int, subgroup: bool, fused_splits: int = 0) -> int:
     """Workgroup memory of the partial kernel: the final fold (m, l per row and lane group,
     one row's accumulators per lane group), the fused combine's one-word arrival flag
     (``s_last``, counted always: the H200 lost the device on a kernel 4 bytes over its
-    49152-byte limit when it was not), plus, without subgroups, the dot reduction buffer (at
-    most ``REDUCE_ROWS`` rows at a time)."""
+    49152-byte limit when it was not) and, with ``fused_splits``, its per-(row, split)
+    weights and sums and per-row denominators; plus, without subgroups, the dot reduction
+    buffer (at most ``REDUCE_ROWS`` rows at a time)."""
     groups = local_size // lanes_per_key
     fold = 2 * rows * groups * 4 + groups * dv * 4
     red = 0 if subgroup else reduce_rows(rows, keys_per_iter, local_size) * keys_per_iter \
         * local_size * 4
-    return fold + red + LAST_FLAG_BYTES
+    combine = 4 * (2 * rows * fused_splits + rows) if fused_splits else 0
+    return fold + red + combine + LAST_FLAG_BYTES
 
 
 LAST_FLAG_BYTES = 4  # shared uint s_last of the fused combine
@@ -463,7 +466,9 @@ def choose_decode_schedule(
     # against the 4-row kernel: F16 Lk 1024 10.2 us vs 15.1, 2048 12.3 vs 17.0, 4096 15.6 vs
     # 19.3 (llama.cpp 17.5), 8192 28.4 vs 23.6; F32 1024 10.7 vs 15.1, 2048 14.8 vs 17.6,
     # 4096 21.6 vs 20.7. So: at most SHORT_CACHE_BYTES of K/V per (batch row, KV head),
-    # while those heads leave compute units idle.
+    # while those heads leave compute units idle. SmolLM2's (1,9,3,4160) D=64 F32 (2.03 MiB a
+    # head: 3 rows a group, live): 1 row 6.8 us at 128 live keys and 11.8 at 4096 against
+    # 8.7 and 13.7 for 3 rows (the 4 MiB (1,32,8,4096) F32 above keeps its rows): 3 MiB.
     if (p.lq == 1 and profile.compute_units and profile.device_type != "cpu"
             and p.b * p.hkv < profile.compute_units
             and p.lk * (p.dk + p.dv) * bytes_ <= SHORT_CACHE_BYTES
@@ -599,6 +604,9 @@ def choose_decode_schedule(
         fused_combine=fused, f16_convert=f16_convert, dot_reduce=dot_reduce,
         lazy_rescale=lazy_rescale, dk_shared=p.dk_shared, min_chunk=min_chunk,
     )
+    if r.fused_combine and r.splits > 1 and r.shared_bytes > profile.max_workgroup_memory:
+        # the fused combine's per-split weights do not fit: a second launch combines
+        r = replace(r, fused_combine=False, min_chunk=0)
     check_request(r)
     return r
 
