@@ -111,3 +111,12 @@ def examples(n: int) -> int:
     """Hypothesis examples for a device sweep: ``n``, scaled by POOTVK_SWEEP_SCALE (CI's
     second driver, whose compiler is slower, runs a quarter of each sweep)."""
     return max(2, round(n * float(os.environ.get("POOTVK_SWEEP_SCALE", "1"))))
+
+
+def planned_requests(plan) -> list:
+    """Every planned kernel request, a group launch's parts in place of the group
+    (``plan.group``)."""
+    from pootvk.plan import GroupRequest
+
+    return [p for k in plan.kernels
+            for p in (k.request.parts if isinstance(k.request, GroupRequest) else (k.request,))]

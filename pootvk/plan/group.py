@@ -6,8 +6,9 @@ rotation (a ``Fused`` kernel) and the k and v cache writes (two ``FusedUpdate`` 
 share a dependency level and took 3.2-3.5 us each, ~10 us for 3 x 576 elements. As one
 launch they cost about one.
 
-What groups: ``FusedRequest`` and ``FusedUpdateRequest`` kernels (one invocation per
-element, no workgroup memory, no barrier: any workgroup size and grid run them) of one level
+What groups: ``PrimRequest``, ``FusedRequest`` and ``FusedUpdateRequest`` kernels (one
+invocation per element, no workgroup memory, no barrier: any workgroup size and grid run
+them) of one level
 of the plan's hazard DAG (:func:`pootvk.access.levels` over the kernels' byte ranges: the
 rules the recorder places barriers by). Kernels of one level have no hazard between them,
 so one launch may run them in any interleaving; every kernel they depend on has a lower
@@ -24,10 +25,10 @@ from ..access import Touch, levels
 from .bindings import Binding
 from .planner import BoundOperand, Kernel
 from .profile import DeviceProfile
-from .requests import FusedRequest, FusedUpdateRequest, GroupRequest, fold_grid
+from .requests import FusedRequest, FusedUpdateRequest, GroupRequest, PrimRequest, fold_grid
 
 #: kernel requests a group can hold: one invocation per element, re-gridded freely
-GROUPABLE = (FusedRequest, FusedUpdateRequest)
+GROUPABLE = (PrimRequest, FusedRequest, FusedUpdateRequest)
 MAX_BINDINGS = 24
 
 

@@ -351,15 +351,15 @@ class FusedUpdateRequest:
 
 @dataclass(frozen=True)
 class GroupRequest:
-    """Independent elementwise kernels (``parts``: Fused and FusedUpdate launches with no
-    hazard between them, ``plan.group``) as one launch: the workgroups are dealt out part
+    """Independent elementwise kernels (``parts``: Prim, Fused and FusedUpdate launches with
+    no hazard between them, ``plan.group``) as one launch: the workgroups are dealt out part
     by part, each part's ``threads`` over ``local_size`` lanes, and each workgroup runs its
     part's code. Why: on a GPU a launch costs a few microseconds whatever it computes, and
     independent launches barely overlap (H200, one SmolLM2 layer: q's rotation and the two
     cache writes took 3.2-3.5 us each, side by side). Bindings: each part's, in order,
     prefixed ``p{i}_``; no push constants."""
 
-    parts: tuple[FusedRequest | FusedUpdateRequest, ...]
+    parts: tuple[FusedRequest | FusedUpdateRequest | PrimRequest, ...]
     local_size: int
     grid: tuple[int, int]
 

@@ -31,7 +31,6 @@ from ..plan.requests import (
     FusedReduceRequest,
     FusedRequest,
     FusedUpdateRequest,
-    GroupRequest,
     LiteralOperand,
 )
 from .common import (
@@ -354,14 +353,16 @@ def _update_main(req: FusedUpdateRequest, pre: str = "") -> str:
     )
 
 
-def _part_main(req: FusedRequest | FusedUpdateRequest, pre: str = "") -> str:
+def fused_main(req: FusedRequest | FusedUpdateRequest, pre: str = "") -> str:
+    """A Fused or FusedUpdate launch's statements after ``gid`` is known, its bindings
+    prefixed ``pre`` (a group's part: ``plan.group``)."""
     return _fused_main(req, pre) if isinstance(req, FusedRequest) else _update_main(req, pre)
 
 
-def _part_half(req: FusedRequest | FusedUpdateRequest) -> bool:
-    """Whether a part's code calls the 16-bit rounding helpers."""
+def fused_helpers(req: FusedRequest | FusedUpdateRequest) -> str:
+    """The 16-bit rounding helpers a Fused or FusedUpdate launch's code calls."""
     out = req.output[1] if isinstance(req, FusedRequest) else req.state[1]
-    return _uses_half(req.body) or out in HALF
+    return ROUND16 if _uses_half(req.body) or out in HALF else ""
 
 
 def _single(req: FusedRequest | FusedUpdateRequest) -> str:
@@ -369,11 +370,11 @@ def _single(req: FusedRequest | FusedUpdateRequest) -> str:
     return (
         header(req.local_size, any(b.dtype in HALF for b in binds))
         + declare_bindings(binds)
-        + (ROUND16 if _part_half(req) else "")
+        + fused_helpers(req)
         + "void main() {\n"
         + f"    uint gid = {group_id(req.grid[0])} * {req.local_size}u"
         + " + gl_LocalInvocationID.x;\n"
-        + _part_main(req)
+        + fused_main(req)
         + "}\n"
     )
 
@@ -386,31 +387,6 @@ def generate_fused(req: FusedRequest) -> str:
 @generators.register(FusedUpdateRequest)
 def generate_fused_update(req: FusedUpdateRequest) -> str:
     return _single(req)
-
-
-@generators.register(GroupRequest)
-def generate_group(req: GroupRequest) -> str:
-    """Each part as a function of its element index (its bindings prefixed ``p{i}_``);
-    ``main`` hands each workgroup to its part: a part's workgroups are consecutive, so the
-    branch is uniform per workgroup."""
-    binds = req.bindings()
-    parts = "".join(f"void part{i}(uint gid) {{\n{_part_main(p, f'p{i}_')}}}\n"
-                    for i, p in enumerate(req.parts))
-    calls, base = [], 0
-    for i, n in enumerate(req.part_groups):
-        calls.append(f"    if (wg < {base + n}u) {{ part{i}((wg - {base}u) * {req.local_size}u"
-                     " + gl_LocalInvocationID.x); return; }")
-        base += n
-    return (
-        header(req.local_size, any(b.dtype in HALF for b in binds))
-        + declare_bindings(binds)
-        + (ROUND16 if any(_part_half(p) for p in req.parts) else "")
-        + parts
-        + "void main() {\n"
-        + f"    uint wg = {group_id(req.grid[0])};\n"
-        + "\n".join(calls)
-        + "\n}\n"
-    )
 
 
 def _reduce_parts(op: ReduceOp, dt: DType) -> tuple[str, str]:

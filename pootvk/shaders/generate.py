@@ -15,6 +15,7 @@ from . import (  # noqa: F401  (generators register)
     attention,
     attention_decode,
     fused,
+    group,
     matmul,
     prims,
     reduce,

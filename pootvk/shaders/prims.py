@@ -13,6 +13,7 @@ have generators of their own (``shaders.reduce``, ``shaders.scatter``).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from ..errors import UnsupportedPrimitive
@@ -280,27 +281,45 @@ def _gather(req: PrimRequest, n: list[str]) -> str:
     )
 
 
+def prim_main(req: PrimRequest, pre: str = "") -> str:
+    """The statements of a primitive launch after ``gid`` (its invocation's element) is
+    known; its bindings named with the prefix ``pre`` (a group's part: ``plan.group``)."""
+    binds = req.bindings()
+    names = [""] * len(req.inputs)
+    for j, b in zip(req.bound_inputs, binds, strict=False):
+        names[j] = pre + b.name
+    index_shape = req.inputs[1][0] if req.prim is P.DYNAMIC_UPDATE_SLICE else req.output[0]
+    body = glsl_rules[req.prim](req, names)
+    if pre:  # the rules index their own output bindings (y, a guard's w) by name
+        for b in binds:
+            if pre + b.name not in names:
+                body = re.sub(rf"\b{re.escape(b.name)}\[", f"{pre}{b.name}[", body)
+    return (
+        f"    if (gid >= {req.threads}u) return;\n"
+        + decode_index(index_shape)
+        + "\n"
+        + body
+        + "\n"
+    )
+
+
+def prim_helpers(req: PrimRequest) -> str:
+    """The rounding helpers a primitive's code calls."""
+    return BF16_ROUND if req.output[1] is BF16 and req.prim in ROUNDS else ""
+
+
 @generators.register(PrimRequest)
 def generate_prim(req: PrimRequest) -> str:
     """GLSL source for a primitive request; its buffer blocks are ``req.bindings()``."""
     binds = req.bindings()
-    names = [""] * len(req.inputs)
-    for j, b in zip(req.bound_inputs, binds, strict=False):
-        names[j] = b.name
-    index_shape = req.inputs[1][0] if req.prim is P.DYNAMIC_UPDATE_SLICE else req.output[0]
-    body = glsl_rules[req.prim](req, names)
     storage16 = any(b.dtype.is_16bit for b in binds)
-    helpers = BF16_ROUND if req.output[1] is BF16 and req.prim in ROUNDS else ""
     return (
         header(req.local_size, storage16)
         + declare_bindings(binds)
-        + helpers
+        + prim_helpers(req)
         + "void main() {\n"
         + f"    uint gid = {group_id(req.grid[0])} * {req.local_size}u"
         + " + gl_LocalInvocationID.x;\n"
-        + f"    if (gid >= {req.threads}u) return;\n"
-        + decode_index(index_shape)
-        + "\n"
-        + body
-        + "\n}\n"
+        + prim_main(req)
+        + "}\n"
     )

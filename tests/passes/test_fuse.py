@@ -37,7 +37,9 @@ def same(a: dict, b: dict) -> bool:
 
 
 def kernels(g):
-    return [k.label for k in plan_graph(g, LAVAPIPE).kernels]
+    """The kernels' labels, one per planned kernel (ungrouped: ``plan.group`` would merge a
+    level's elementwise launches)."""
+    return [k.label for k in plan_graph(g, LAVAPIPE, group=False).kernels]
 
 
 def assert_keeps_answer(g, seeds=(0, 1)):

@@ -82,7 +82,7 @@ def test_request_is_the_plan_key():
 
 
 def test_decode_plan_binds_state_in_place_and_prints():
-    p = plan_graph(compile_graph(trace_decode_step(2, 8, 2, 64, 16)), LAVAPIPE)
+    p = plan_graph(compile_graph(trace_decode_step(2, 8, 2, 64, 16)), LAVAPIPE, group=False)
     labels = [k.label for k in p.kernels]
     # the mask's Iota is a folded constant, written once: not a per-step kernel; its
     # Compare and Select are one fused kernel
@@ -149,5 +149,5 @@ arena: 1 buffer(s), peak 128 bytes (unshared 128)
 
 
 def test_print_plan_golden():
-    plan = plan_graph(compile_graph(trace_decode_step(1, 8, 2, 16, 32)), LAVAPIPE)
+    plan = plan_graph(compile_graph(trace_decode_step(1, 8, 2, 16, 32)), LAVAPIPE, group=False)
     assert str(plan) == GOLDEN_PLAN

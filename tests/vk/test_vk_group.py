@@ -152,3 +152,37 @@ def test_dependent_kernels_are_not_grouped_and_the_cap_holds(device):
     assert parts == 14 and len(plan.kernels) < 14
     # the kernel reading a is a level above the one writing it, in no group with it
     assert len(set(lv)) == 2
+
+
+def test_primitive_launches_group_too(device):
+    """DecodeLoop-shaped levels: the live length's i32 add and an index guard (its witness
+    binding written through atomics), then the two plain cache writes (DynamicUpdateSlice,
+    gated on the witness: the next level) are Prim launches: two groups, the same words as
+    ungrouped; a failed guard still fails and writes nothing."""
+    b = Builder()
+    p = b.pos("p", 0, 5)
+    for name in ("k", "v"):
+        s = b.state(f"{name}_cache", (1, 2, 6, 8), F16)
+        b.set_state(f"{name}_cache", b.dynamic_update_slice(
+            s, b.input(f"{name}_new", (1, 2, 1, 8), F16), (0, 0, p, 0)))
+    b.export("len", b.add(p, b.add(b.mul(b.iota((1,), axis=0), 0), 1)))
+    b.export("n2", b.index_guard(b.input("n", (1,), I32), 1, 8, "n_ok"))
+    g = b.build()
+    ins = random_inputs(g, np.random.default_rng(9), pos=3)
+    ins["n"] = np.array([4], np.int32)
+    plan, states = check(device, g, ins)
+    groups = [k.request for k in plan.kernels if isinstance(k.request, GroupRequest)]
+    assert len(groups) == 2 and all(len(gr.parts) == 2 for gr in groups)
+    assert all(type(r).__name__ == "PrimRequest" for gr in groups for r in gr.parts)
+    want = ins["v_cache"].copy()
+    want[:, :, 3] = ins["v_new"][:, :, 0]
+    np.testing.assert_array_equal(states["v_cache"], want)
+    ins["n"] = np.array([0], np.int32)
+    c = compile_graph(g)
+    grouped = plan_graph(c, device.profile)
+    with Replay(device, grouped, compile_plan(grouped)) as rp:
+        for name in ("k_cache", "v_cache"):
+            rp.set_state(name, ins[name])
+        with pytest.raises(GuardFailed):
+            rp.step({k: v for k, v in ins.items() if c.slot(k).kind.per_step})
+        np.testing.assert_array_equal(rp.read_state("v_cache"), ins["v_cache"])

@@ -19,7 +19,7 @@ from pootvk.passes import canonicalize, compile_graph
 from pootvk.plan import FusedRequest, forced_schedule, plan_graph
 from pootvk.runtime.replay import Replay
 from pootvk.shaders.generate import compile_plan
-from tests.helpers import assert_close, reference_attention
+from tests.helpers import assert_close, planned_requests, reference_attention
 from tests.vk.test_vk_attention import SCHEDULES
 
 HQ, HKV, LK, D = 8, 2, 300, 64
@@ -157,9 +157,10 @@ def test_decode_loop_live_by_default_and_capacity_on_request(device):
     outs = {}
     for live in (True, False):
         with DecodeLoop(b, hq, hkv, d, cap, device=device, live=live) as loop:
-            prims = {k.request.prim for k in loop.plan.kernels if hasattr(k.request, "prim")}
-            prims |= {n.op for k in loop.plan.kernels if isinstance(k.request, FusedRequest)
-                      for n in k.request.body.nodes}  # the mask's Compare and Select fused
+            reqs = planned_requests(loop.plan)
+            prims = {r.prim for r in reqs if hasattr(r, "prim")}
+            prims |= {n.op for r in reqs if isinstance(r, FusedRequest)
+                      for n in r.body.nodes}  # the mask's Compare and Select fused
             assert (P.COMPARE in prims or P.SELECT in prims) is not live
             assert loop.plan.graph.count(P.ATTENTION) == 1
             outs[live] = [loop.step(*s) for s in steps]
