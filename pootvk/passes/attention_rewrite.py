@@ -316,7 +316,7 @@ def _paged_key(ctx: _Ctx, k: Var, v: Var) -> tuple[Var, Var, Var] | None:
         pools.append(pool)
         read = idx
     assert read is not None
-    rng = read.range if isinstance(read, Literal) else ctx.ranges.get(read)
+    rng = ctx.ranges.get(read)
     slots = min(p.shape[0] for p in pools)
     if rng is None or not 0 <= rng[0] <= rng[1] < slots:
         return None
