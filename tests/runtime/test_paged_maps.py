@@ -107,6 +107,8 @@ def test_unfused_paged_step_refuses_bad_maps_and_publishes_nothing(device):
     c = unfused(g)
     assert c.count(P.ATTENTION) == 0 and c.count(P.SCATTER_UPDATE) == 2
     plan = plan_graph(c, device.profile)
+    labels = [k.label for k in plan.kernels]  # the writes in place: no copy of a pool
+    assert labels[:2] == ["ScatterUpdate"] * 2 and "copy" not in labels, labels
     with Replay(device, plan, compile_plan(plan)) as rp:
         check_refusals(g, rp.step, rp.read_state, rp.set_state)
 
@@ -118,6 +120,9 @@ def test_fused_paged_step_through_a_program(device):
     with pootvk.compile(g, device) as prog:
         (att,) = [e for e in prog.plan.graph.eqns if e.prim is P.ATTENTION]
         assert att.params["form"].keys is KeyLayout.PAGED
+        labels = [k.label for k in prog.plan.kernels]  # in place, read in place: no copy,
+        assert labels[:2] == ["ScatterUpdate"] * 2, labels  # no gathered view
+        assert set(labels[2:]) <= {"attention", "combine"}, labels
         check_refusals(g, lambda v: prog(**v), prog.state, prog.set_state)
 
 
