@@ -23,10 +23,11 @@ key materialised by its primitives), and a chain neither form types keeps its pr
 K and V that are pools read through one map, ``Transpose[0,2,1,3](Gather(pool, read))``
 (``ops.paged_view``: pools [S, Hkv, D], read [B, Lk] i32), become the paged-key form: the
 pools and ``read`` are operands and the kernel reads pool row ``read[b, t] * Hkv + g`` in
-place. Gather clamps a word outside the pool to the nearest slot and the kernel does not,
-so the paged form is taken only when value ranges prove every word of ``read`` in
+place. The form's contract is a map of pool slots (a kernel's own clamp only keeps it
+inside its bindings), so it is taken only when value ranges prove every word of ``read`` in
 ``[0, S)`` (a SLOTMAP slot's declared range, which the bind enforces); otherwise the
-attention stays over the gathered view (dense, same answer).
+attention stays over the gathered view, where Gather's clamp is the defined answer (dense,
+same result as the primitives).
 """
 
 from __future__ import annotations
