@@ -199,32 +199,44 @@ def test_pools_the_op_cannot_type_stay_over_the_gathered_view():
     assert same(evaluate(g, ins), evaluate(c, ins))
 
 
-def test_paged_step_writes_then_reads_its_new_rows():
+@pytest.mark.parametrize("tokens", [1, 2])  # a decode step (live) and a prefill chunk (mask)
+def test_paged_step_writes_then_reads_its_new_rows(tokens):
     """trace_paged_step: the new rows written through ``write`` (a padding row's -1 writes
     nothing) are read by the same step's attention through ``read``; the pools after the
-    step and the output against the definition."""
+    step and the output against the definition. Decode: live lengths; a chunk of two tokens
+    a row: the causal mask over each row's block table."""
     bsz, hq, hkv, d = 3, 4, 2, 8
-    g = trace_paged_step(bsz, hq, hkv, d, S, LK, live=True)
+    live = tokens == 1
+    g = trace_paged_step(bsz, hq, hkv, d, S, LK, tokens=tokens, live=live)
     c = compile_graph(g)
     assert [e.prim for e in c.eqns] == [P.SCATTER_UPDATE, P.SCATTER_UPDATE, P.ATTENTION]
     assert c.eqns[2].params["form"].keys is KeyLayout.PAGED
     assert c.eqns[2].inputs[1] is c.eqns[0].out  # the attention reads the written pool
     rng = np.random.default_rng(11)
-    lens = np.array([3, LK, 1], np.int32)
     read = read_map()
-    write = np.array([read[0, 2], read[1, LK - 1], -1], np.int32)  # row 2: padding
-    ins = {"q": rng.standard_normal((bsz, hq, 1, d)).astype(np.float32),
-           "k_new": rng.standard_normal((bsz, hkv, d)).astype(np.float32),
-           "v_new": rng.standard_normal((bsz, hkv, d)).astype(np.float32),
+    # row b's new tokens go to its logical positions pos[b] .. pos[b] + tokens - 1; row 2
+    # is padding (writes nothing; with a length of 1 it reads its slot 0)
+    pos = np.array([2, LK - tokens, 0])
+    write = np.array([read[b, pos[b] + i] if b < 2 else -1
+                      for b in range(bsz) for i in range(tokens)], np.int32)
+    n = bsz * tokens
+    ins = {"q": rng.standard_normal((bsz, hq, tokens, d)).astype(np.float32),
+           "k_new": rng.standard_normal((n, hkv, d)).astype(np.float32),
+           "v_new": rng.standard_normal((n, hkv, d)).astype(np.float32),
            "k_pool": rng.standard_normal((S, hkv, d)).astype(np.float32),
            "v_pool": rng.standard_normal((S, hkv, d)).astype(np.float32),
-           "write": write, "read": read, "len": lens}
+           "write": write, "read": read}
     kp, vp = ins["k_pool"].copy(), ins["v_pool"].copy()
-    for n, slot in enumerate(write):
+    for i, slot in enumerate(write):
         if slot >= 0:
-            kp[slot], vp[slot] = ins["k_new"][n], ins["v_new"][n]
-    visible = np.arange(LK)[None, :] < lens[:, None]
-    mask = np.where(visible, 0.0, -np.inf)[:, None, None, :]
+            kp[slot], vp[slot] = ins["k_new"][i], ins["v_new"][i]
+    # query i of row b sees logical keys t <= pos[b] + i
+    visible = np.arange(LK)[None, None, :] <= (pos[:, None] + np.arange(tokens))[:, :, None]
+    mask = np.where(visible, 0.0, -np.inf)[:, None]  # [B, 1, T, Lk]
+    if live:
+        ins["len"] = (pos + 1).astype(np.int32)
+    else:
+        ins["mask"] = mask.astype(np.float32)
     ref = reference_attention(ins["q"], gather_ref(kp, read), gather_ref(vp, read), mask)
     for graph in (g, c):
         out = evaluate(graph, ins)
@@ -232,7 +244,8 @@ def test_paged_step_writes_then_reads_its_new_rows():
         np.testing.assert_array_equal(out["v_pool"], vp)
         assert_close(out["out"], ref, 1e-10)
     a, b = evaluate(g, ins), evaluate(c, ins)
-    assert a.pop("len").tolist() == [0, 0]  # the guard the LEN slot's range makes redundant
+    if live:
+        assert a.pop("len").tolist() == [0, 0]  # the guard the LEN slot's range proves
     assert same(a, b)
 
 
