@@ -384,3 +384,25 @@ def test_paged_rewrite_random_block_tables(b, hkv, n_rep, lq, lk, blocks, dv, ma
     ref = reference_attention(ins["q"], gather_ref(ins["k"], ins["read"]),
                               gather_ref(ins["v"], ins["read"]), full, softcap=softcap)
     assert_close(fused["out"], ref, 1e-9)
+
+
+def test_a_paged_write_under_an_unproven_length_is_refused_typed():
+    """A live length the graph cannot prove keeps its index guard, and a guard's failure
+    must leave the state unchanged; a ScatterUpdate takes no gates, so compile refuses the
+    graph (UnsupportedPrimitive) rather than write a pool it could not undo. The same step
+    with a LEN slot declared in [1, Lk] (``trace_paged_step``) needs no guard."""
+    from pootvk.errors import UnsupportedPrimitive
+
+    b = Builder()
+    q = b.input("q", (2, 4, 1, 8))
+    kp, vp = b.state("k_pool", (S, 2, 8)), b.state("v_pool", (S, 2, 8))
+    w = b.writemap("write", 2, S)
+    kp2 = paged_write(b, kp, b.input("k_new", (2, 2, 8)), w)
+    vp2 = paged_write(b, vp, b.input("v_new", (2, 2, 8)), w)
+    n = b.input("len", (2,), I32)  # no declared range
+    b.export("out", paged_attention(b, q, kp2, vp2, b.slotmap("read", (2, LK), S), length=n))
+    b.set_state("k_pool", kp2)
+    b.set_state("v_pool", vp2)
+    with pytest.raises(UnsupportedPrimitive, match="k_pool"):
+        compile_graph(b.build())
+    assert compile_graph(trace_paged_step(2, 4, 2, 8, S, LK, live=True)).validations == {}
