@@ -228,8 +228,12 @@ def _plan(args: argparse.Namespace) -> int:
           f"{sum(b.nbytes for b in persistent)} B persistent (combine counters)")
     kv_read = sum(plan.buffers[n].nbytes for n in ("in:k", "in:k_shared", "in:v")
                   if n in plan.buffers)
+    pooled = ""
+    if pool is not None:  # the keys visited, not the pools that hold them
+        pooled = f" of pools holding {kv_read} B, through a {b * lk * 4} B read map"
+        kv_read = b * hkv * lk * (d + dv) * kv.device_itemsize
     print(f"  arena: {len(plan.arena.sizes)} buffer(s), peak {plan.arena.peak_bytes} B; "
-          f"K/V read: {kv_read} B")
+          f"K/V read: {kv_read} B{pooled}")
     if args.verbose:
         print(plan)
     return 0

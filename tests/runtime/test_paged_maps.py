@@ -136,3 +136,6 @@ def test_pootvk_plan_of_a_paged_key(capsys):
     out = capsys.readouterr().out
     assert "paged: pools of 256 slots read through read [2,64]" in out
     assert "Gather" not in out and "Transpose" not in out
+    # the keys visited (2 rows x 2 heads x 64 keys x (32 + 32) f32), not the 256-slot pools
+    assert f"K/V read: {2 * 2 * 64 * 64 * 4} B of pools holding {2 * 256 * 2 * 32 * 4} B, " \
+        f"through a {2 * 64 * 4} B read map" in out
