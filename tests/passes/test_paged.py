@@ -324,6 +324,11 @@ def test_map_declarations_are_checked():
         b.slot("w2", SlotKind.WRITEMAP, (2, 2), I32, (-1, 7))
     with pytest.raises(ShapeError, match="read map 'r'"):
         b.slot("r", SlotKind.SLOTMAP, (2, 4), F32)
+    for bad in (0, -3, 2.0, True):
+        with pytest.raises(ShapeError, match="at least one slot"):
+            b.slotmap("r0", (1, 2), bad)
+        with pytest.raises(ShapeError, match="at least one slot"):
+            b.writemap("w0", 2, bad)
     pool = b.state("pool", (8, 2, 4))
     with pytest.raises(ShapeError, match="paged write"):
         paged_write(b, pool, b.input("rows", (3, 2, 4)), b.writemap("w3", 2, 8))
