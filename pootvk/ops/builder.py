@@ -84,14 +84,14 @@ class Builder:
         word outside the pool is refused at bind (SlotRangeError) and the attention rewrite
         may read the pools in place through it (``ops.paged_attention``)."""
         _check_pool(name, pool_slots)
-        return self.slot(name, SlotKind.SLOTMAP, shape, I32, (0, pool_slots - 1))
+        return self.slot(name, SlotKind.SLOTMAP, shape, I32, (0, int(pool_slots) - 1))
 
     def writemap(self, name: str, n: int, pool_slots: int) -> Var:
         """A paged write map (WRITEMAP): [n] i32, one pool slot per new row or -1 (write
         nothing), declared in [-1, pool_slots - 1]; bound only as a checked
         ``ir.ForwardSlotMap`` (a slot outside the pool or named twice: WriteMapError)."""
         _check_pool(name, pool_slots)
-        return self.slot(name, SlotKind.WRITEMAP, (n,), I32, (-1, pool_slots - 1))
+        return self.slot(name, SlotKind.WRITEMAP, (n,), I32, (-1, int(pool_slots) - 1))
 
     def set_state(self, name: str, v: Var) -> None:
         self.states[name] = v
