@@ -205,10 +205,18 @@ def _plan(args: argparse.Namespace) -> int:
     if s is not None and not 1 <= s < d:
         print(f"pootvk plan: error: --k-shared {s} must be in [1, D={d})", file=sys.stderr)
         return 2
+    pool = args.pool_slots
+    if pool is not None and s is not None:
+        print("pootvk plan: error: --pool-slots and --k-shared are separate key layouts",
+              file=sys.stderr)
+        return 2
     g = trace_attention((b, hq, args.lq, d), (b, hkv, lk, d - (s or 0)), (b, hkv, lk, dv),
-                        kv_dtype=kv, k_shared_shape=None if s is None else (b, 1, lk, s))
+                        kv_dtype=kv, k_shared_shape=None if s is None else (b, 1, lk, s),
+                        pool_slots=pool)
     plan = plan_graph(compile_graph(g, linear_prologues=linear_prologues(prof)), prof)
     split = "" if s is None else f" (k {d - s} + k_shared {s})"
+    if pool is not None:
+        split = f" (paged: pools of {pool} slots read through read [{b},{lk}])"
     print(f"plan for {prof.name} (recorded profile {args.profile}, "
           f"{prof.compute_units or '?'} compute units): attention B={b} Hq={hq} Hkv={hkv} "
           f"Lq={args.lq} Lk={lk} D={d}{split} Dv={dv} K/V {args.kv_dtype}")
@@ -220,8 +228,12 @@ def _plan(args: argparse.Namespace) -> int:
           f"{sum(b.nbytes for b in persistent)} B persistent (combine counters)")
     kv_read = sum(plan.buffers[n].nbytes for n in ("in:k", "in:k_shared", "in:v")
                   if n in plan.buffers)
+    pooled = ""
+    if pool is not None:  # the keys visited, not the pools that hold them
+        pooled = f" of pools holding {kv_read} B, through a {b * lk * 4} B read map"
+        kv_read = b * hkv * lk * (d + dv) * kv.device_itemsize
     print(f"  arena: {len(plan.arena.sizes)} buffer(s), peak {plan.arena.peak_bytes} B; "
-          f"K/V read: {kv_read} B")
+          f"K/V read: {kv_read} B{pooled}")
     if args.verbose:
         print(plan)
     return 0
@@ -294,6 +306,9 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("--k-shared", type=positive_int, default=None, metavar="S",
                       help="split key (latent attention): k has width D - S, and k_shared "
                       "[B,1,Lk,S] is read once for every head")
+    plan.add_argument("--pool-slots", type=positive_int, default=None, metavar="S",
+                      help="paged key: k/v are pools [S,Hkv,D] read through a slot map "
+                      "[B,Lk] declared in [0,S)")
     plan.add_argument("--verbose", action="store_true", help="also print the whole plan")
     gen = sub.add_parser("generate", help="stream a model's continuation of a prompt")
     gen.add_argument("prompt")

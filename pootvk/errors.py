@@ -299,3 +299,21 @@ class PromptTooLong(PootvkError, ValueError):
         self.prompt_tokens, self.context = prompt_tokens, context
         super().__init__(f"the prompt is {prompt_tokens} tokens; the context holds {context} "
                          f"(at most {context - 1} prompt tokens leave room for one more)")
+
+
+# --- paged KV maps (issue 11: bind-time checks of the write map) ---------------------------
+
+
+class WriteMapError(PootvkError, ValueError):
+    """A paged write map (a WRITEMAP slot, bound only as a checked ``ForwardSlotMap``) names
+    a slot outside the pool ``[0, pool_slots)`` other than ``-1`` ("write nothing"), or names
+    one pool slot twice. ``index`` is the map position of the offending word, ``value`` the
+    word; for a repeat, ``first`` is the position that named the slot before. Raised at bind,
+    before anything is written or dispatched: the pools are unchanged."""
+
+    def __init__(self, slot: str, index: int, value: int, pool_slots: int, why: str,
+                 first: int | None = None) -> None:
+        self.slot, self.index, self.value, self.pool_slots, self.why, self.first = (
+            slot, index, value, pool_slots, why, first)
+        super().__init__(f"write map {slot!r}: word {index} = {value}: {why} "
+                         f"(pool of {pool_slots} slots; -1 writes nothing)")

@@ -2,7 +2,9 @@
 
 Every binder (the oracle, the Vulkan replay) calls :func:`check_bind` before anything runs,
 so a wrong shape, dtype or out-of-range word is refused with a typed error naming the slot
-and nothing is written or published.
+and nothing is written or published. A paged write map (WRITEMAP) is bound only as a checked
+``ForwardSlotMap`` (``ir.slotmap``): a plain array is wrapped in one, so a slot outside the pool
+or named twice is refused (``WriteMapError``) like any other bad word.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import numpy as np
 
 from ..errors import BindError, SlotRangeError
 from .dtypes import BF16, is_float_array, storage_values
-from .graph import Graph, Slot
+from .graph import Graph, Slot, SlotKind
+from .slotmap import ForwardSlotMap, write_map_pool
 
 
 def check_slot(slot: Slot, value: object) -> np.ndarray:
@@ -22,6 +25,8 @@ def check_slot(slot: Slot, value: object) -> np.ndarray:
     want = dt.numpy
     if arr.shape != slot.var.shape:
         raise BindError(slot.name, slot.var.shape, arr.shape, "shape")
+    if slot.kind is SlotKind.WRITEMAP:  # checked whether or not it came as a ForwardSlotMap
+        arr = np.asarray(ForwardSlotMap(arr, write_map_pool(slot.name, slot.range), slot.name))
     if dt.is_float and is_float_array(arr):
         # any float (bfloat16 included) is rounded to the slot's storage type
         arr = arr if arr.dtype == want and dt is not BF16 else storage_values(arr, dt)

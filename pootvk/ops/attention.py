@@ -204,20 +204,38 @@ def trace_attention(
     kv_dtype: DType = F32,
     lengths: bool = False,
     k_shared_shape: tuple[int, ...] | None = None,
+    pool_slots: int | None = None,
 ) -> Graph:
     """A graph of plain attention over bound q/k/v (and mask): what ``pootvk.attention`` runs.
     ``kv_dtype`` F16/BF16 stores K/V 16-bit (the math stays F32). With ``lengths`` an I32
     [B] input ``lengths`` bounds each row's keys (:func:`attention_live`; its guard and
     validation output are named ``lengths``). ``k_shared_shape`` [B,1,Lk,s] binds a split
-    key's shared part (input ``k_shared``, stored like k)."""
+    key's shared part (input ``k_shared``, stored like k). ``pool_slots`` S pages the keys:
+    k and v are bound as pools [S, Hkv, D] (k_shape/v_shape still give the logical
+    [B, Hkv, Lk, D]) read through a SLOTMAP ``read`` [B, Lk] declared in [0, S)
+    (``ops.paged_attention``)."""
     _check_kv_dtype(kv_dtype)
     b = Builder()
     q = b.input("q", q_shape, F32)
-    k = b.input("k", k_shape, kv_dtype)
-    v = b.input("v", v_shape, kv_dtype)
+    read = None
+    if pool_slots is not None:
+        if k_shared_shape is not None or len(k_shape) != 4 or len(v_shape) != 4:
+            raise ShapeError("a paged key takes rank-4 logical k/v shapes and no k_shared")
+        k = b.input("k", (pool_slots, k_shape[1], k_shape[3]), kv_dtype)
+        v = b.input("v", (pool_slots, v_shape[1], v_shape[3]), kv_dtype)
+        read = b.slotmap("read", (k_shape[0], k_shape[2]), pool_slots)
+    else:
+        k = b.input("k", k_shape, kv_dtype)
+        v = b.input("v", v_shape, kv_dtype)
     m = b.input("mask", mask_shape, F32) if mask_shape is not None else None
     ks = b.input("k_shared", k_shared_shape, kv_dtype) if k_shared_shape is not None else None
-    if lengths:
+    if read is not None:
+        from .paged import paged_attention
+
+        n = b.input("lengths", (q_shape[0],), I32) if lengths else None
+        out = paged_attention(b, q, k, v, read, length=n, mask=m, scale=scale,
+                              softcap=softcap, guard="lengths")
+    elif lengths:
         n = b.input("lengths", (q_shape[0],), I32)
         out = attention_live(b, q, k, v, n, mask=m, scale=scale, softcap=softcap,
                              guard="lengths", k_shared=ks)

@@ -6,6 +6,7 @@ fails where it is written, with a ShapeError, not later in a pass.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 
 from ..errors import ShapeError
@@ -51,6 +52,12 @@ class Builder:
             raise ShapeError(f"slot {name!r} declared twice")
         if range is not None and not dtype.is_int:
             raise ShapeError(f"slot {name!r}: only integer slots carry a range")
+        if kind is SlotKind.WRITEMAP and (dtype is not I32 or len(shape) != 1 or range is None
+                                          or range[0] != -1 or range[1] < 0):
+            raise ShapeError(f"write map {name!r} must be i32 [n] declared in (-1, S - 1) for "
+                             f"a pool of S slots, got {dtype.value}{list(shape)} in {range}")
+        if kind is SlotKind.SLOTMAP and dtype is not I32:
+            raise ShapeError(f"read map {name!r} must be i32, got {dtype.value}")
         v = Var(tuple(shape), dtype, range)
         self.slots.append(Slot(name, kind, v))
         return v
@@ -71,6 +78,20 @@ class Builder:
 
     def pos(self, name: str, lo: int, hi: int) -> Var:
         return self.slot(name, SlotKind.POS, (), I32, (lo, hi))
+
+    def slotmap(self, name: str, shape: Sequence[int], pool_slots: int) -> Var:
+        """A paged read map (SLOTMAP): i32 pool slots declared in [0, pool_slots - 1], so a
+        word outside the pool is refused at bind (SlotRangeError) and the attention rewrite
+        may read the pools in place through it (``ops.paged_attention``)."""
+        _check_pool(name, pool_slots)
+        return self.slot(name, SlotKind.SLOTMAP, shape, I32, (0, int(pool_slots) - 1))
+
+    def writemap(self, name: str, n: int, pool_slots: int) -> Var:
+        """A paged write map (WRITEMAP): [n] i32, one pool slot per new row or -1 (write
+        nothing), declared in [-1, pool_slots - 1]; bound only as a checked
+        ``ir.ForwardSlotMap`` (a slot outside the pool or named twice: WriteMapError)."""
+        _check_pool(name, pool_slots)
+        return self.slot(name, SlotKind.WRITEMAP, (n,), I32, (-1, int(pool_slots) - 1))
 
     def set_state(self, name: str, v: Var) -> None:
         self.states[name] = v
@@ -258,6 +279,12 @@ class Builder:
 
         return attention_prefill(self, q, k_new, v_new, k_cache, v_cache, pos, mask=mask,
                                  scale=scale, softcap=softcap)
+
+
+def _check_pool(name: str, pool_slots: int) -> None:
+    if isinstance(pool_slots, bool) or not isinstance(pool_slots, numbers.Integral) \
+            or pool_slots < 1:
+        raise ShapeError(f"map {name!r}: a pool has at least one slot, got {pool_slots!r}")
 
 
 def _enum(kind: type, op: object) -> object:

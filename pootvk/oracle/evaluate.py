@@ -187,6 +187,9 @@ def _attention(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
     ops = attention_operands(form, xs)
     q, k, v = ops["q"], ops["k"], ops["v"]
     n_rep = form.n_rep
+    if "read" in ops:  # the paged key's chain: the pools gathered through read, transposed
+        k, v = (_transpose([_gather([pool, ops["read"]], Params())], Params(perm=(0, 2, 1, 3)))
+                for pool in (k, v))
     if "k_shared" in ops:  # the split key's chain: concat(k, broadcast(k_shared)), stored
         ks = ops["k_shared"]
         ks = _broadcast([ks], Params(shape=(*k.shape[:3], ks.shape[3])))

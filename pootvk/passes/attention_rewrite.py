@@ -19,6 +19,15 @@ A key built as ``concat(k_nope, broadcast(k_shared))`` on its last axis (``ops.s
 k_shared [B, 1, Lk, s]) becomes the split-key form: the two parts are operands and the
 broadcast key is never built. A split the op cannot type falls back to the dense form (the
 key materialised by its primitives), and a chain neither form types keeps its primitives.
+
+K and V that are pools read through one map, ``Transpose[0,2,1,3](Gather(pool, read))``
+(``ops.paged_view``: pools [S, Hkv, D], read [B, Lk] i32), become the paged-key form: the
+pools and ``read`` are operands and the kernel reads pool row ``read[b, t] * Hkv + g`` in
+place. The form's contract is a map of pool slots (a kernel's own clamp only keeps it
+inside its bindings), so it is taken only when value ranges prove every word of ``read`` in
+``[0, S)`` (a SLOTMAP slot's declared range, which the bind enforces); otherwise the
+attention stays over the gathered view, where Gather's clamp is the defined answer (dense,
+same result as the primitives).
 """
 
 from __future__ import annotations
@@ -57,6 +66,7 @@ from ..ir.prims import (
     CONCAT,
     CONVERT,
     DIV,
+    GATHER,
     IOTA,
     MATMUL,
     MUL,
@@ -238,17 +248,24 @@ def _match(ctx: _Ctx, mm: Eqn) -> tuple[Eqn, list[Eqn]] | None:
         if e.out in ctx.observed or any(id(ctx.g.eqns[u]) not in members for u in users):
             return None
 
-    # A split key first (its parts as operands), else the key as one dense operand; each
-    # with its K/V storage dtype resolved. The first form the op types wins; none: the
-    # chain keeps its primitives.
+    # The pools of a proven read map first (read in place), then a split key (its parts
+    # as operands), else the key as one dense operand; each with its K/V storage dtype
+    # resolved. The first form the op types wins; none: the chain keeps its primitives.
+    paged = _paged_key(ctx, k, v)
     split = _split_key(ctx, k)
-    for key in ([split] if split else []) + [[k]]:
-        stored = _storage(ctx, [*key, v])
+    cands: list[tuple[list[Var], Var, Var | None]] = []
+    if paged is not None:
+        cands.append(([paged[0]], paged[1], paged[2]))
+    if split is not None:
+        cands.append((split, v, None))
+    cands.append(([k], v, None))
+    for key, val, read in cands:
+        stored = _storage(ctx, [*key, val])
         if stored is None:
             continue
         kv_dtype, (*key_ops, v_op) = stored
         fused = _fused(q, key_ops, v_op, mask, length, mm, float(scale), softcap, n_rep,
-                       kv_dtype)
+                       kv_dtype, read)
         if fused is not None:
             return fused, chain
     return None
@@ -281,6 +298,32 @@ def _split_key(ctx: _Ctx, k: Var) -> list[Var] | None:
     return None
 
 
+def _paged_key(ctx: _Ctx, k: Var, v: Var) -> tuple[Var, Var, Var] | None:
+    """(k_pool, v_pool, read) when K and V are ``Transpose[0,2,1,3](Gather(pool, read))``
+    (``ops.paged_view``), each possibly under a Convert to F32, through one read map whose
+    proven range lies inside the pools ``[0, S)``; else None (unknown or wider range: the
+    attention stays over the gathered view, where Gather's clamp is the semantics)."""
+    pools: list[Var] = []
+    read: Var | None = None
+    for x in (k, v):
+        peeled = _peel_convert(ctx, x)
+        tr = _eq(ctx, x if peeled is None else peeled, TRANSPOSE, perm=(0, 2, 1, 3))
+        ga = tr and _eq(ctx, tr.inputs[0], GATHER)
+        if not ga:
+            return None
+        pool, idx = ga.inputs
+        if pool.ndim != 3 or idx.ndim != 2 or (read is not None and idx is not read):
+            return None
+        pools.append(pool)
+        read = idx
+    assert read is not None
+    rng = ctx.ranges.get(read)
+    slots = min(p.shape[0] for p in pools)
+    if rng is None or not 0 <= rng[0] <= rng[1] < slots:
+        return None
+    return pools[0], pools[1], read
+
+
 def _storage(ctx: _Ctx, xs: list[Var]) -> tuple[DType, list[Var]] | None:
     """The K/V operands as stored: all 16-bit of one dtype (a Convert(x16 -> F32) feeding the
     chain folds into the form's storage dtype, the kernel reads them 16-bit), else all F32
@@ -293,17 +336,21 @@ def _storage(ctx: _Ctx, xs: list[Var]) -> tuple[DType, list[Var]] | None:
 
 
 def _fused(q: Var, key: list[Var], v: Var, mask: Var | None, length: Var | None, mm: Eqn,
-           scale: float, softcap: float | None, n_rep: int, kv_dtype: DType) -> Eqn | None:
-    """The Attention eqn over these operands, if the op types it to the chain's output."""
+           scale: float, softcap: float | None, n_rep: int, kv_dtype: DType,
+           read: Var | None = None) -> Eqn | None:
+    """The Attention eqn over these operands, if the op types it to the chain's output:
+    a split key when ``key`` has two parts, a paged key (k and v the pools) with ``read``."""
     split = len(key) == 2
+    keys = KeyLayout.PAGED if read is not None else \
+        KeyLayout.SPLIT if split else KeyLayout.DENSE
     form = AttentionForm(
         scale=scale, softcap=softcap, n_rep=n_rep,
         mask=MaskKind.NONE if mask is None else MaskKind.ADDITIVE,
         mask_bcast=None if mask is None else mask_bcast(mask.shape), kv_dtype=kv_dtype,
-        keys=KeyLayout.SPLIT if split else KeyLayout.DENSE,
-        shared_width=key[1].shape[3] if split else 0, live=length is not None,
+        keys=keys, shared_width=key[1].shape[3] if split else 0, live=length is not None,
     )
-    by_role = {"q": q, "k": key[0], "v": v, "mask": mask, "len": length, "k_shared": key[-1]}
+    by_role = {"q": q, "k": key[0], "v": v, "mask": mask, "len": length, "k_shared": key[-1],
+               "read": read}
     ins = tuple(by_role[r] for r in form.roles)
     params = Params(form=form)
     try:

@@ -30,6 +30,7 @@ from ..ir import DType, SlotKind
 from ..ir.bind import check_bind
 from ..ir.dtypes import device_bytes, device_numpy, from_device
 from ..ir.prims import INDEX_GUARD
+from ..ir.slotmap import ForwardSlotMap, write_map_pool
 from ..plan import BufferRole, Location, Plan
 from ..vk import Buffer, BufferRange, Device, Dispatch, Recorder, Recording, Timestamps
 
@@ -173,7 +174,8 @@ class Replay:
             view = self._slot_buffer(s.name).view(0, s.var.shape, device_numpy(s.var.dtype))
             if view is None or s.var.dtype.numpy != device_numpy(s.var.dtype):
                 return None
-            ins.append((s.name, s.var.shape, view.dtype, s.range, view))
+            ins.append((s.name, s.var.shape, view.dtype, s.range, view,
+                        s.kind is SlotKind.WRITEMAP))
         return ins
 
     def _output_reads(self) -> list[tuple]:
@@ -214,7 +216,7 @@ class Replay:
         if self._fast_in is None or len(values) != len(self._fast_in):
             return None
         writes = []
-        for name, shape, dtype, rng, view in self._fast_in:
+        for name, shape, dtype, rng, view, write_map in self._fast_in:
             a = values.get(name)
             if type(a) is not np.ndarray or a.dtype != dtype or a.shape != shape:
                 if rng is None or a is None or not isinstance(a, (int, np.integer)) \
@@ -227,6 +229,8 @@ class Replay:
                 rng[0] <= int(a.min()) and int(a.max()) <= rng[1]
             ):  # a ranged slot may be an array (token ids), not only a scalar position
                 return None  # check_bind raises the typed error
+            if write_map:  # a pool slot named twice: WriteMapError, before any write
+                ForwardSlotMap(a, write_map_pool(name, rng), name)
             writes.append((view, a))
         return writes
 
