@@ -12,6 +12,10 @@ unnormalised ``(o[dv], m, l)`` to a scratch buffer at ``[(row * splits + split) 
 and a combine kernel (one invocation per output element) weights them by ``exp(m_i - M)``.
 With one split the partial kernel normalises and writes the output itself.
 
+A paged key (``pool_slots`` S > 0) changes only the K/V address: k and v are pools
+[S, Hkv, D] and key t of row b, KV head g is pool row ``read[b, t] * Hkv + g`` (an i32 map
+[B, Lk] bound after ``len``); the schedule is the one of the logical [B, Hkv, Lk, D] shapes.
+
 Nothing here knows GLSL or Vulkan: the chooser reads shapes and a ``DeviceProfile`` and
 returns a frozen, hashable request (the pipeline-cache key); ``pootvk.shaders.
 attention_decode`` turns a request into sources.

@@ -24,7 +24,12 @@ With ``live`` the request binds ``len`` (I32 [B]): row b's loop visits keys
 ``t < clamp(len[b], 0, Lk)`` only (``live_bound``); Lk stays the K/V row stride, and the
 grid and recording do not depend on the length.
 
-Bindings: the request's ``bindings()`` (q, k, [k_shared], v, [mask], [len], o); with
+A paged key (``pool_slots`` S > 0): k and v are pools [S, Hkv, D] and a lane reads key t's
+slot from ``read`` (i32 [B, Lk]) once per key, clamped into [0, S): its K/V rows are pool row
+``read[b, t] * Hkv + g``. Nothing else changes (the mask and the live length index the
+logical t); S is a second push constant.
+
+Bindings: the request's ``bindings()`` (q, k, [k_shared], v, [mask], [len], [read], o); with
 ``vec == 4`` q/k/v/o are read as vec4. A split key (``dk_shared = s``) scores each key
 against k's own ``Dk - s`` channels and then the batch row's k_shared row (one for every
 head): the broadcast key is never built. The kernel is composed of named parts that later

@@ -37,6 +37,13 @@ own ``Dk - s`` channels followed by its share of the batch row's k_shared row (b
 ``ks``, one row per key for every KV head), the query's channels in the same order; the
 dot, reduction and everything after are unchanged, and the broadcast key is never built.
 
+A paged key (``pool_slots`` S > 0): key t's K/V rows are pool row ``read[b, t] * Hkv + g``
+(the map bound as ``rmap``, i32 [B, Lk]; each word clamped into [0, S), so no word reads
+outside the pools' bindings) instead of ``(b * Hkv + g) * Lk + t``; the LPK lanes of a key
+group load the same word. With the prefetch the pool rows are looked up one step ahead of
+the K/V loads that use them, so a step's loads never wait on a map read. Mask, live length
+and chunks index the logical t as before.
+
 16-bit K/V are read as packed words (``uvec4`` = 8 halves = 16 bytes, or ``uvec2``):
 ``unpackHalf2x16`` for F16, a 16-bit shift into a float's top bits for BF16; all math is F32.
 """

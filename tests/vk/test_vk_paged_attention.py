@@ -264,3 +264,15 @@ def test_read_words_outside_the_pool_are_clamped(device, schedule):
     ref = reference_attention(ins["q"], kg, vg)
     got, _ = run(device, g, ins, schedule)
     assert_close(got, ref, tol=1e-9)
+
+
+@pytest.mark.parametrize("schedule", ["streaming", "split1", "split7"])
+def test_paged_scalar_widths(device, schedule):
+    """Widths that are not multiples of 4 (Dk 14, Dv 10): the scalar loads, Dv != Dk."""
+    rng = np.random.default_rng(4)
+    g, ins, ref = paged_case(rng, b=2, hq=4, hkv=2, lk=100, dk=14, dv=10, slots=16 * BLOCK,
+                             kv="f32", table="scattered", lengths=np.array([37, 100]))
+    got, req = run(device, g, ins, schedule)
+    check_request(req, schedule, slots=16 * BLOCK)
+    assert req.vec == 1
+    assert_close(got, ref, tol=1e-9)
