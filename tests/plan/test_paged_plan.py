@@ -10,7 +10,7 @@ import dataclasses
 
 import pytest
 
-from pootvk.errors import DtypeLowering, ShapeError
+from pootvk.errors import DtypeLowering, PootvkError, ShapeError
 from pootvk.ir import BF16, F16, F32, I32, AttentionForm, DType, KeyLayout, new_eqn
 from pootvk.ir import prims as P
 from pootvk.ops import Builder
@@ -73,7 +73,7 @@ def test_paged_plans_the_dense_schedule_of_its_logical_shapes(name, shape, kv):
         return
     try:
         dense = requests(attention_graph(b, hq, hkv, lk, d, kv=kv), prof)
-    except Exception as e:  # noqa: BLE001  the paged form is refused the same way
+    except PootvkError as e:  # the paged form is refused the same way
         with pytest.raises(type(e)):
             requests(attention_graph(b, hq, hkv, lk, d, kv=kv, slots=slots), prof)
         return
