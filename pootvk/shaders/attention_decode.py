@@ -314,7 +314,7 @@ def generate_decode_partial(r: DecodeRequest) -> str:
             for d in range(UV):
                 emit(f"{kvt} vw{j}_{d};")
             if r.paged:
-                emit(f"uint sr{j};  // the next step's pool row of key j")
+                emit(f"uint sr{j};  // the next step's pool row of key {j}")
         emit("{  // step 0's loads (clamped to a valid row; an empty chunk reads row k0)")
         for j in range(KPI):
             emit(f"uint px{j} = min(k0 + gi + {j * NG}u, max(k1, 1u) - 1u);", 2)
