@@ -1,7 +1,7 @@
 """Decode-attention probe: the grouped split-KV kernels against the read ceiling, one run.
 
     python3 bench/decode_probe.py [--shapes B,Hq,Hkv,Lk ...] [--dtypes f32,f16] [--tune]
-                                  [--variants JSON]
+                                  [--variants JSON] [--paged [--paged-block 16]]
                                   [--warm 1.0] [--reps 50] [--json FILE]
 
 Measured in one run on one device: the streaming-read ceiling
@@ -13,6 +13,10 @@ idles at 345 MHz and needs the load to clock up), then timed as the median GPU t
 against a float64 numpy reference (normalised squared error <= 5e-4). The SM clock is logged
 through NVML where ``pynvml`` imports. ``--tune`` also times schedule variants (lanes per
 key, workgroup size, keys per step, split counts, shared-memory reduction) per shape.
+``--paged`` also times the paged-key kernels (issue 11) on the same keys held in pools
+[S, Hkv, D] whose ``--paged-block``-key blocks are shuffled over the pool (1: every key its
+own random slot), read through an i32 map [B, Lk]: the same schedule, only the address
+differs; the summary compares them with the dense kernels of the same run.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import math
 import statistics
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -93,6 +97,23 @@ def reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.n
 def nse(got: np.ndarray, ref: np.ndarray) -> float:
     d = got.astype(np.float64) - ref
     return float((d**2).sum() / max((ref**2).sum(), 1e-30))
+
+
+def paged_map(rng: np.random.Generator, b: int, lk: int, block: int) -> tuple[int, np.ndarray]:
+    """(pool slots S, read [B, Lk] i32): every row's ``block``-key blocks at shuffled places
+    of a pool of exactly the blocks they need."""
+    nblk = -(-lk // block)
+    table = rng.permutation(b * nblk).reshape(b, nblk)
+    read = (table[:, :, None] * block + np.arange(block)).reshape(b, nblk * block)[:, :lk]
+    return b * nblk * block, np.ascontiguousarray(read, dtype=np.int32)
+
+
+def to_pool(x: np.ndarray, read: np.ndarray, slots: int) -> np.ndarray:
+    """The pool [S, Hkv, D] holding x [B, Hkv, Lk, D]'s key t of row b at slot read[b, t]."""
+    b, hkv, lk, d = x.shape
+    pool = np.zeros((slots, hkv, d), x.dtype)
+    pool[read.reshape(-1)] = x.transpose(0, 2, 1, 3).reshape(b * lk, hkv, d)
+    return pool
 
 
 # --- launches -------------------------------------------------------------------------------
@@ -223,6 +244,16 @@ def run_shape(device, shape, kvs, args, ceiling_gbps, clock, results):
         vb.write(0, vs)
         n = live or lk
         ref = reference(q, from_storage(ks[:, :, :n], kv), from_storage(vs[:, :, :n], kv), scale)
+        pbufs, pooled = {}, []
+        if args.paged:  # the same keys in pools, blocks shuffled
+            slots, read = paged_map(np.random.default_rng(7), b, lk, args.paged_block)
+            for name, x in (("k", ks), ("v", vs), ("read", read)):
+                arr = to_pool(x, read, slots) if name != "read" else read
+                buf = device.create_buffer(arr.nbytes, name=f"paged:{name}")
+                buf.write(0, arr)
+                pooled.append(buf)
+                pbufs[name] = BufferRange(buf, 0, buf.size)
+            del arr
         del ks, vs
         bufs = {"q": BufferRange(qb, 0, qb.size), "k": BufferRange(kb, 0, kb.size),
                 "v": BufferRange(vb, 0, vb.size), "out": BufferRange(out, 0, out.size),
@@ -313,6 +344,20 @@ def run_shape(device, shape, kvs, args, ceiling_gbps, clock, results):
             specs = [(generate_attention(sreq), [bufs["q"], bufs["k"], bufs["v"], bufs["out"]],
                       sreq.grid, sreq.push_constants())]
             measure("streaming", specs, max(10, args.reps // 5), args.warm)
+        if args.paged:
+            slots = pbufs["k"].size // (hkv * D * (4 if kv == "f32" else 2))
+            preq = choose_decode_schedule(replace(p, pool_slots=slots), device.profile,
+                                          has_subgroup_shuffle=True)
+            assert preq == replace(req, pool_slots=slots)  # the schedule of the dense shapes
+            measure("paged", decode_specs(preq, {**bufs, **pbufs}), args.reps, args.warm, preq)
+            if kv == "f32" and not args.no_streaming and not live:
+                sreq = replace(streaming_request(p, device), pool_slots=slots)
+                pb = {**bufs, **pbufs, "o": bufs["out"]}
+                specs = [(generate_attention(sreq), [pb[x.name] for x in sreq.bindings()],
+                          sreq.grid, sreq.push_constants())]
+                measure("paged_str", specs, max(10, args.reps // 5), args.warm)
+            for buf in pooled:
+                buf.destroy()
         kb.destroy()
         vb.destroy()
     for x in (out, part, qb, counter, lens):
@@ -338,6 +383,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--d", type=int, default=D, help="head dim (Dk = Dv)")
     ap.add_argument("--live", type=int, default=0,
                     help="live keys per row (the live form over a capacity of Lk); 0: Lk")
+    ap.add_argument("--paged", action="store_true",
+                    help="also time the paged-key kernels on the same keys in shuffled pools")
+    ap.add_argument("--paged-block", type=int, default=16,
+                    help="keys per pool block (--paged; 1: every key its own random slot)")
     ap.add_argument("--variants", default=None,
                     help='with --tune: a JSON list of schedule overrides, e.g. '
                          '\'[{"rows_per_wg": 1}, {"lanes_per_key": 16, "splits": 8}]\'')
@@ -378,6 +427,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {','.join(map(str, r['shape']))} | {r['kv']} | {r['fits']} | {r['us']:.1f} "
               f"| {r['gbps']:.0f} | {r['frac']:.1%} | {sched} | "
               f"{'-' if st is None else format(st['frac'], '.1%')} | {r['sm_mhz']} |")
+    if args.paged:
+        print(f"\npaged keys: blocks of {args.paged_block} shuffled over the pool; same schedule")
+        print("| B,Hq,Hkv,Lk | K/V | dense us | paged us | paged/dense | streaming dense us "
+              "| streaming paged us |")
+        print("|---|---|---|---|---|---|---|")
+
+        def us(kernel, r):
+            x = next((x for x in results if x["kernel"] == kernel and x["shape"] == r["shape"]
+                      and x["kv"] == r["kv"]), None)
+            return None if x is None else x["us"]
+
+        for r in results:
+            if r["kernel"] != "grouped" or us("paged", r) is None:
+                continue
+            s_d, s_p = us("streaming", r), us("paged_str", r)
+            print(f"| {','.join(map(str, r['shape']))} | {r['kv']} | {r['us']:.1f} "
+                  f"| {us('paged', r):.1f} | {us('paged', r) / r['us']:.3f} "
+                  f"| {'-' if s_d is None else f'{s_d:.1f}'} "
+                  f"| {'-' if s_p is None else f'{s_p:.1f}'} |")
     if args.exp:
         print("\n| B,Hq,Hkv,Lk | K/V | us | of ceiling | schedule |")
         print("|---|---|---|---|---|")

@@ -12,6 +12,10 @@ unnormalised ``(o[dv], m, l)`` to a scratch buffer at ``[(row * splits + split) 
 and a combine kernel (one invocation per output element) weights them by ``exp(m_i - M)``.
 With one split the partial kernel normalises and writes the output itself.
 
+A paged key (``pool_slots`` S > 0) changes only the K/V address: k and v are pools
+[S, Hkv, D] and key t of row b, KV head g is pool row ``read[b, t] * Hkv + g`` (an i32 map
+[B, Lk] bound after ``len``); the schedule is the one of the logical [B, Hkv, Lk, D] shapes.
+
 Nothing here knows GLSL or Vulkan: the chooser reads shapes and a ``DeviceProfile`` and
 returns a frozen, hashable request (the pipeline-cache key); ``pootvk.shaders.
 attention_decode`` turns a request into sources.
@@ -136,10 +140,16 @@ class DecodeProblem(_GroupShape):
     #: split key: the last dk_shared query channels read k_shared [B, 1, Lk, dk_shared]
     #: (one row per key for every head); k holds the first dk - dk_shared. 0: dense key
     dk_shared: int = 0
+    #: paged key: k and v are pools of this many slots [S, Hkv, D] read through an i32
+    #: read map [B, Lk] (key t of row b, KV head g: pool row read[b, t] * Hkv + g). 0: dense
+    pool_slots: int = 0
 
     def __post_init__(self) -> None:
         if self.kv_dtype not in KV_DTYPES:
             raise DtypeLowering("AttentionDecode", self.kv_dtype)
+        if self.pool_slots < 0 or (self.pool_slots and self.dk_shared):
+            raise ShapeError(f"decode attention: pool_slots={self.pool_slots} with "
+                             f"dk_shared={self.dk_shared} (a key is dense, split or paged)")
         if not 0 <= self.dk_shared < self.dk:
             raise ShapeError(f"decode attention: shared key width {self.dk_shared} not in "
                              f"[0, Dk={self.dk})")
@@ -195,6 +205,10 @@ class DecodeRequest(_GroupShape):
     #: before reading anything, and when one split holds every key it writes the output
     #: itself (no arrival counter, no combine). 0: chunks of ceil(Lk / splits) keys.
     min_chunk: int = 0
+    #: paged key: the pools' slot count S (0: dense key). Only the K/V address differs: key
+    #: t of row b, KV head g is pool row clamp(read[b, t], 0, S - 1) * Hkv + g; S is a push
+    #: constant, so one kernel serves every pool size.
+    pool_slots: int = 0
 
     # --- derived ---------------------------------------------------------------------------
     @property
@@ -253,10 +267,15 @@ class DecodeRequest(_GroupShape):
         return decode_shared_bytes(self.local_size, self.lanes_per_key, self.keys_per_iter,
                                    self.rows_per_wg, self.dv, self.subgroup, fused)
 
+    @property
+    def paged(self) -> bool:
+        return self.pool_slots > 0
+
     def push_constants(self) -> tuple[int, ...]:
-        """The key count Lk (the K/V row stride): a push constant, so one compiled kernel
-        serves every length with the same schedule."""
-        return (self.lk,)
+        """The key count Lk (the K/V row stride; a paged key's read-map row stride) and a
+        paged key's pool slots S: push constants, so one compiled kernel serves every
+        length and pool size with the same schedule."""
+        return (self.lk, self.pool_slots) if self.paged else (self.lk,)
 
     def bindings(self) -> tuple[Binding, ...]:
         """The partial kernel's bindings in binding order (names are the operand roles)."""
@@ -270,6 +289,8 @@ class DecodeRequest(_GroupShape):
             out.append(Binding("mask", r, F32))
         if self.live_len:
             out.append(Binding("len", r, I32))
+        if self.paged:
+            out.append(Binding("read", r, I32))
         if self.splits > 1 and self.fused_combine:
             # the last workgroup to arrive reads every split's partial back; the counters
             # start at zero and are reset to zero by that workgroup (one recording, any
@@ -293,7 +314,8 @@ class DecodeRequest(_GroupShape):
         cap = "" if self.softcap is None else f" softcap={self.softcap:g}"
         return (
             f"attention_decode B={self.b} Hq={self.hq} Hkv={self.hkv} Lq={self.lq} "
-            f"Lk={self.lk}{' (live)' if self.live_len else ''} Dk={self.dk}"
+            f"Lk={self.lk}{' (live)' if self.live_len else ''}"
+            f"{f' paged[S={self.pool_slots}]' if self.paged else ''} Dk={self.dk}"
             f"{f' (shared {self.dk_shared})' if self.dk_shared else ''} Dv={self.dv} "
             f"kv={self.kv_dtype} scale={self.scale:.6g}{cap} mask={m} splits={self.splits} "
             f"rows/wg={self.rows_per_wg} "
@@ -603,6 +625,7 @@ def choose_decode_schedule(
         combine_grid=fold_grid(combine_groups, profile.max_grid), prefetch=prefetch,
         fused_combine=fused, f16_convert=f16_convert, dot_reduce=dot_reduce,
         lazy_rescale=lazy_rescale, dk_shared=p.dk_shared, min_chunk=min_chunk,
+        pool_slots=p.pool_slots,
     )
     if r.fused_combine and r.splits > 1 and r.shared_bytes > profile.max_workgroup_memory:
         # the fused combine's per-split weights do not fit: a second launch combines
@@ -637,3 +660,5 @@ def check_request(r: DecodeRequest) -> None:
         raise bad("keys_per_iter and splits must be >= 1")
     if r.min_chunk < 0 or (r.min_chunk and not (r.splits > 1 and r.fused_combine)):
         raise bad("min_chunk needs a fused split (and is >= 0)")
+    if r.pool_slots < 0 or (r.pool_slots and r.dk_shared):
+        raise bad("a key is dense, split or paged (pool_slots with dk_shared)")

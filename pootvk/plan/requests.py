@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from ..errors import GridLimit
+from ..errors import GridLimit, ShapeError
 from ..ir import F32, I32, DType, Params, Prim, ReduceOp
 from ..ir.fused import FusedBody
 from ..ir.prims import IN_PLACE, INDEX_GUARD
@@ -27,7 +27,13 @@ class LiteralOperand:
 
 @dataclass(frozen=True)
 class AttentionRequest:
-    """The streaming attention kernel: one workgroup of ``lanes`` per (batch, head, row)."""
+    """The streaming attention kernel: one workgroup of ``lanes`` per (batch, head, row).
+
+    ``pool_slots`` S > 0: a paged key (``KeyLayout.PAGED``): k and v are pools
+    [S, Hkv, Dk] / [S, Hkv, Dv] and ``read`` (i32 [B, Lk]) names each key's slot, so key t
+    of row b and KV head g is pool row ``clamp(read[b, t], 0, S - 1) * Hkv + g``. Only
+    that address differs from the dense kernel; S is a push constant (one kernel serves
+    every pool size)."""
 
     b: int
     hq: int
@@ -45,18 +51,31 @@ class AttentionRequest:
     keys_per_step: int = 2  # keys a lane takes per loop step (its loads all in flight)
     live: bool = False  # read len[b] (i32 [B]): the loop visits keys t < clamp(len[b], 0, Lk)
     dk_shared: int = 0  # split key: width s of k_shared [B, 1, Lk, s] (0: dense key)
+    pool_slots: int = 0  # paged key: the pools' slot count S (0: dense key)
+
+    def __post_init__(self) -> None:
+        if self.pool_slots < 0 or (self.pool_slots and self.dk_shared):
+            raise ShapeError(f"attention: pool_slots={self.pool_slots} with "
+                             f"dk_shared={self.dk_shared} (a key is dense, split or paged)")
+
+    @property
+    def paged(self) -> bool:
+        return self.pool_slots > 0
 
     def push_constants(self) -> tuple[int, ...]:
-        """Push-constant words: the key length Lk, so neither the generated source nor the
-        driver's pipeline depends on it and one compiled kernel serves every length."""
-        return (self.lk,)
+        """Push-constant words: the key length Lk (and a paged key's pool slots S), so
+        neither the generated source nor the driver's pipeline depends on them and one
+        compiled kernel serves every length and pool size."""
+        return (self.lk, self.pool_slots) if self.paged else (self.lk,)
 
     def bindings(self) -> tuple[Binding, ...]:
         r = Access.READ
         names = ("q", "k", *(("k_shared",) if self.dk_shared else ()), "v",
                  *(("mask",) if self.mask is not None else ()))
         live = (Binding("len", r, I32),) if self.live else ()
-        return (*(Binding(n, r, F32) for n in names), *live, Binding("o", Access.WRITE, F32))
+        read = (Binding("read", r, I32),) if self.paged else ()
+        return (*(Binding(n, r, F32) for n in names), *live, *read,
+                Binding("o", Access.WRITE, F32))
 
     @property
     def n_rep(self) -> int:
@@ -85,6 +104,7 @@ class AttentionRequest:
             f"Dk={self.dk}{f' (shared {self.dk_shared})' if self.dk_shared else ''} "
             f"Dv={self.dv} scale={self.scale:.6g}{cap} mask={m} "
             f"{'live ' if self.live else ''}"
+            f"{f'paged[S={self.pool_slots}] ' if self.paged else ''}"
             f"lanes={self.lanes} vec={self.vec} keys/step={self.keys_per_step} "
             f"grid={self.grid[0]}x{self.grid[1]}"
         )

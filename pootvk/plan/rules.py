@@ -291,7 +291,9 @@ def _scatter_update(e: Eqn, ctx: PlanContext) -> RuleResult:
 def _attention(e: Eqn, ctx: PlanContext) -> RuleResult:
     """Grouped split-KV decode where it plans (its split partials are declared scratch,
     coloured with the values; a fused combine's arrival counters are persistent, zeroed
-    scratch), else the streaming kernel."""
+    scratch), else the streaming kernel. A paged key (``KeyLayout.PAGED``) plans the dense
+    schedule of its logical shapes; its pools are bound as k and v (in place: no gather)
+    and its ``read`` map as one more binding, by role like every operand."""
     req = attention_schedule(e, ctx.profile)
     # the eqn's operands in the kernel's binding order (bound by role name)
     by_role = attention_operands(e.params["form"], e.inputs)

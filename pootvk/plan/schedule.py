@@ -16,7 +16,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 
 from ..errors import AttentionLds, DtypeLowering, ShapeError
-from ..ir import F32, Eqn, attention_operands
+from ..ir import F32, Eqn, KeyLayout, attention_operands
+from ..ir.attention_form import paged_view_shapes
 from .decode_schedule import DecodeProblem, DecodeRequest, choose_decode_schedule
 from .profile import DeviceProfile
 from .requests import AttentionRequest, fold_grid
@@ -71,15 +72,22 @@ def choose_lanes(dv: int, profile: DeviceProfile) -> int:
 
 
 def decode_problem(e: Eqn) -> DecodeProblem:
+    """The eqn's shapes and score transform. A paged key (``KeyLayout.PAGED``) is planned
+    over its logical [B, Hkv, Lk, D] K/V (``paged_view_shapes``): the schedule is the dense
+    one for those shapes, and the problem records the pools' slot count."""
     form = e.params["form"]
     ops = attention_operands(form, e.inputs)
-    q, k, v, mask = ops["q"], ops["k"], ops["v"], ops.get("mask")
+    q, mask = ops["q"], ops.get("mask")
+    k_shape, v_shape, slots = ops["k"].shape, ops["v"].shape, 0
+    if form.keys is KeyLayout.PAGED:
+        slots = k_shape[0]
+        k_shape, v_shape = paged_view_shapes(k_shape, v_shape, ops["read"].shape)
     b, hq, lq, dk = q.shape
     return DecodeProblem(
-        b=b, hq=hq, hkv=k.shape[1], lq=lq, lk=k.shape[2], dk=dk, dv=v.shape[3],
+        b=b, hq=hq, hkv=k_shape[1], lq=lq, lk=k_shape[2], dk=dk, dv=v_shape[3],
         scale=float(form.scale), softcap=None if form.softcap is None else float(form.softcap),
         mask=None if mask is None else tuple(mask.shape[:3]), kv_dtype=form.kv_dtype.value,
-        live_len=form.live, dk_shared=form.shared_width,
+        live_len=form.live, dk_shared=form.shared_width, pool_slots=slots,
     )
 
 
@@ -115,5 +123,5 @@ def attention_request(e: Eqn, profile: DeviceProfile) -> AttentionRequest:
         softcap=p.softcap, mask=p.mask, live=p.live_len, lanes=choose_lanes(p.dv, profile),
         vec=4 if all(w % 4 == 0 for w in (*p.key_widths, p.dv)) else 1,
         grid=fold_grid(p.b * p.hq * p.lq, profile.max_grid), keys_per_step=kps,
-        dk_shared=p.dk_shared,
+        dk_shared=p.dk_shared, pool_slots=p.pool_slots,
     )

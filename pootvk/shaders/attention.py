@@ -24,7 +24,12 @@ With ``live`` the request binds ``len`` (I32 [B]): row b's loop visits keys
 ``t < clamp(len[b], 0, Lk)`` only (``live_bound``); Lk stays the K/V row stride, and the
 grid and recording do not depend on the length.
 
-Bindings: the request's ``bindings()`` (q, k, [k_shared], v, [mask], [len], o); with
+A paged key (``pool_slots`` S > 0): k and v are pools [S, Hkv, D] and a lane reads key t's
+slot from ``read`` (i32 [B, Lk]) once per key, clamped into [0, S): its K/V rows are pool row
+``read[b, t] * Hkv + g``. Nothing else changes (the mask and the live length index the
+logical t); S is a second push constant.
+
+Bindings: the request's ``bindings()`` (q, k, [k_shared], v, [mask], [len], [read], o); with
 ``vec == 4`` q/k/v/o are read as vec4. A split key (``dk_shared = s``) scores each key
 against k's own ``Dk - s`` channels and then the batch row's k_shared row (one for every
 head): the broadcast key is never built. The kernel is composed of named parts that later
@@ -53,8 +58,14 @@ def bindings_part(r: AttentionRequest) -> str:
 
 def indexing_part(r: AttentionRequest) -> str:
     """Which (batch, head, query row) this workgroup owns, and where its q, k/v rows start
-    (a split key's k_shared rows: those of the batch row, the same for every head)."""
-    shared = "    uint ksbase = b * LK_CAP;\n" if r.dk_shared else ""
+    (a split key's k_shared rows: those of the batch row, the same for every head; a paged
+    key's read words: those of the batch row, its K/V rows found through them)."""
+    rows = f"    uint kbase = (b * {r.hkv}u + g) * LK_CAP;\n"
+    if r.dk_shared:
+        rows += "    uint ksbase = b * LK_CAP;\n"
+    if r.paged:
+        rows = ("    uint rbase = b * LK_CAP;  // row b's read words (the pool slots)\n"
+                "    int SLOT_MAX = int(pc.slots) - 1;\n")
     return f"""    uint wg = {group_id(r.grid[0])};
     if (wg >= {r.workgroups}u) return;  // uniform over the workgroup: before any barrier
     uint row = wg % {r.lq}u;
@@ -63,8 +74,7 @@ def indexing_part(r: AttentionRequest) -> str:
     uint g = h / {r.n_rep}u;
     uint lane = gl_LocalInvocationID.x;
     uint qb = ((b * {r.hq}u + h) * {r.lq}u + row) * DK;
-    uint kbase = (b * {r.hkv}u + g) * LK_CAP;
-{shared}"""
+{rows}"""
 
 
 def score_transform(r: AttentionRequest, s: str, t: str, indent: str = "        ") -> list[str]:
@@ -107,7 +117,12 @@ def online_update(r: AttentionRequest) -> str:
             body.append(f"        if (!ok{j}) t{j} = t;")
         else:
             body.append("        uint t0 = t;")
-        body.append(f"        uint kb{j} = (kbase + t{j}) * DKN;")
+        if r.paged:  # the key's pool row: its slot (clamped into the pool) * Hkv + g
+            body.append(f"        uint kr{j} = uint(clamp(read[rbase + t{j}], 0, SLOT_MAX))"
+                        f" * {r.hkv}u + g;")
+            body.append(f"        uint kb{j} = kr{j} * DKN;")
+        else:
+            body.append(f"        uint kb{j} = (kbase + t{j}) * DKN;")
         if r.dk_shared:
             body.append(f"        uint k_sharedb{j} = (ksbase + t{j}) * DKS;")
         body.append(f"        float s{j} = 0.0;")
@@ -139,7 +154,8 @@ def online_update(r: AttentionRequest) -> str:
     body.append("        float rescale = (m == NEG_INF) ? 0.0 : exp(m - m_new);")
     for j in keys:
         body.append(f"        float p{j} = (s{j} == NEG_INF) ? 0.0 : exp(s{j} - m_new);")
-        body.append(f"        uint vb{j} = (kbase + t{j}) * DV;")
+        body.append(f"        uint vb{j} = kr{j} * DV;" if r.paged
+                    else f"        uint vb{j} = (kbase + t{j}) * DV;")
     body.append("        l = l * rescale" + "".join(f" + p{j}" for j in keys) + ";")
     # a key past the end read a clamped row: it adds nothing, even if that row holds inf
     upd = "".join(
@@ -191,6 +207,15 @@ def epilogue(r: AttentionRequest) -> str:
 """
 
 
+def push_part(r: AttentionRequest) -> str:
+    """The push constants: the key count (and a paged key's pool slots), so one kernel
+    serves every length and pool size."""
+    if r.paged:
+        return "\nlayout(push_constant) uniform Push { uint lk; uint slots; } pc;  // keys, slots"
+    return ("\nlayout(push_constant) uniform Push { uint lk; } pc;  "
+            "// keys: one kernel, every length")
+
+
 @generators.register(AttentionRequest)
 def generate_attention(r: AttentionRequest) -> str:
     t = _vec(r)
@@ -198,8 +223,8 @@ def generate_attention(r: AttentionRequest) -> str:
         header(r.lanes)
         + "#extension GL_EXT_control_flow_attributes : require\n"
         + bindings_part(r)
+        + push_part(r)
         + f"""
-layout(push_constant) uniform Push {{ uint lk; }} pc;  // keys: one kernel, every length
 const uint LANES = {r.lanes}u;
 const uint DK = {r.dk // r.vec}u;  // in units of {t}
 const uint DKN = {(r.dk - r.dk_shared) // r.vec}u;  // k's own row width

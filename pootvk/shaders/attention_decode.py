@@ -37,6 +37,13 @@ own ``Dk - s`` channels followed by its share of the batch row's k_shared row (b
 ``ks``, one row per key for every KV head), the query's channels in the same order; the
 dot, reduction and everything after are unchanged, and the broadcast key is never built.
 
+A paged key (``pool_slots`` S > 0): key t's K/V rows are pool row ``read[b, t] * Hkv + g``
+(the map bound as ``rmap``, i32 [B, Lk]; each word clamped into [0, S), so no word reads
+outside the pools' bindings) instead of ``(b * Hkv + g) * Lk + t``; the LPK lanes of a key
+group load the same word. With the prefetch the pool rows are looked up one step ahead of
+the K/V loads that use them, so a step's loads never wait on a map read. Mask, live length
+and chunks index the logical t as before.
+
 16-bit K/V are read as packed words (``uvec4`` = 8 halves = 16 bytes, or ``uvec2``):
 ``unpackHalf2x16`` for F16, a 16-bit shift into a float's top bits for BF16; all math is F32.
 """
@@ -153,6 +160,9 @@ def generate_decode_partial(r: DecodeRequest) -> str:
     if r.live_len:
         binds.append(_buffer(nb, "lens", "int", readonly=True))
         nb += 1
+    if r.paged:
+        binds.append(_buffer(nb, "rmap", "int", readonly=True))  # the read map [B, Lk]
+        nb += 1
     fused = split and r.fused_combine
     if fused:
         binds.append(_buffer(nb, "part", "float", readonly=False, access="coherent "))
@@ -228,7 +238,13 @@ def generate_decode_partial(r: DecodeRequest) -> str:
         emit("uint k0 = 0u;")
         emit("uint k1 = LK;")
     emit(f"uint nit = (k1 - k0 + {r.tile - 1}u) / {r.tile}u;")
-    emit("uint kvrow = bg * LK_CAP;  // first key row of this KV head")
+    if r.paged:
+        # a paged key: key t's K/V rows are pool row read[b, t] * Hkv + g (clamped into
+        # the pool, so no map word reads outside the pools' bindings)
+        emit("uint rrow = b * LK_CAP;  // row b's read words")
+        emit("int SMAX = int(pc.slots) - 1;  // the last pool slot")
+    else:
+        emit("uint kvrow = bg * LK_CAP;  // first key row of this KV head")
     if UKS:
         emit("uint ksrow = b * LK_CAP;  // first k_shared row of this batch row (every head)")
     # query rows: orow = (b * HKV + g) * GROUP_ROWS + rbase + r
@@ -262,8 +278,22 @@ def generate_decode_partial(r: DecodeRequest) -> str:
             emit(f"{decl}tt{j} = ok{j} ? t{j} : k0;  // a key past the chunk reads a valid row",
                  ind)
 
-    def loads(ind: int, decl: bool, src: str = "tt") -> None:
+    def pool_row(pos: str) -> str:
+        """A paged key's pool row of logical key ``pos`` (the LPK lanes of a key group load
+        the same read word: one broadcast transaction)."""
+        return f"uint(clamp(rmap[rrow + {pos}], 0, SMAX)) * {r.hkv}u + g"
+
+    def loads(ind: int, decl: bool, src: str = "tt", rows: str = "") -> None:
+        """K/V words of the keys at positions ``{src}{j}``; a paged key's pool rows are
+        ``{rows}{j}`` when given (looked up a step ahead), else looked up here."""
         for j in range(KPI):
+            if r.paged:
+                if not rows:
+                    emit(f"uint kr{j} = {pool_row(f'{src}{j}')};", ind)
+                row = f"{rows or 'kr'}{j}"
+                emit(f"uint kb{j} = {row} * {r.dk // E}u + li;", ind)
+                emit(f"uint vb{j} = {row} * {r.dv // E}u + li;", ind)
+                continue
             emit(f"uint kb{j} = (kvrow + {src}{j}) * {(r.dk - r.dk_shared) // E}u + li;", ind)
             if UKS:
                 emit(f"uint ksb{j} = (ksrow + {src}{j}) * {r.dk_shared // E}u + li;", ind)
@@ -283,10 +313,16 @@ def generate_decode_partial(r: DecodeRequest) -> str:
                 emit(f"{kvt} kw{j}_{d};")
             for d in range(UV):
                 emit(f"{kvt} vw{j}_{d};")
+            if r.paged:
+                emit(f"uint sr{j};  // the next step's pool row of key {j}")
         emit("{  // step 0's loads (clamped to a valid row; an empty chunk reads row k0)")
         for j in range(KPI):
             emit(f"uint px{j} = min(k0 + gi + {j * NG}u, max(k1, 1u) - 1u);", 2)
         loads(2, False, "px")
+        if r.paged:  # step 1's pool rows: each step's K/V loads never wait on a map read
+            for j in range(KPI):
+                emit(f"sr{j} = {pool_row(f'min(k0 + gi + {r.tile + j * NG}u, max(k1, 1u) - 1u)')};",
+                     2)
         emit("}")
     emit("for (uint it = 0u; it < nit; ++it) {")
     key_rows("it", 2)
@@ -298,9 +334,15 @@ def generate_decode_partial(r: DecodeRequest) -> str:
                 emit(f"{kvt} vc{j}_{d} = vw{j}_{d};", 2)
         emit("{  // issue the next step's loads now", 2)
         emit(f"uint nb = k0 + (it + 1u) * {r.tile}u + gi;", 3)
-        for j in range(KPI):
-            emit(f"uint px{j} = min(nb + {j * NG}u, k1 - 1u);", 3)
-        loads(3, False, "px")
+        if r.paged:
+            loads(3, False, rows="sr")  # rows looked up a step ago
+        else:
+            for j in range(KPI):
+                emit(f"uint px{j} = min(nb + {j * NG}u, k1 - 1u);", 3)
+            loads(3, False, "px")
+        if r.paged:  # the step after next: its pool rows (read words) now
+            for j in range(KPI):
+                emit(f"sr{j} = {pool_row(f'min(nb + {r.tile + j * NG}u, k1 - 1u)')};", 3)
         emit("}", 2)
         kname, vname = "kc", "vc"
     else:
@@ -524,6 +566,8 @@ def generate_decode_partial(r: DecodeRequest) -> str:
         emit("if (gl_LocalInvocationIndex == 0u) counter[rest] = 0u;  // ready for the next replay")
 
     consts = [
+        "layout(push_constant) uniform Push { uint lk; uint slots; } pc;  // keys, pool slots"
+        if r.paged else
         "layout(push_constant) uniform Push { uint lk; } pc;  // keys per K/V head (stride)",
         f"const uint SPLITS = {r.splits}u;",
         f"#define SCALE {float_lit(r.scale)}",

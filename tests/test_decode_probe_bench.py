@@ -1,0 +1,44 @@
+"""bench/decode_probe.py --paged runs on the CI device (a quick smoke run): the dense and the
+paged grouped kernels over the same keys (blocks shuffled over the pool), each checked
+against float64, the comparison table printed."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+
+def _bench():
+    path = Path(__file__).resolve().parent.parent / "bench" / "decode_probe.py"
+    spec = importlib.util.spec_from_file_location("bench_decode_probe", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_decode_probe_paged_quick(tmp_path, capsys, device):
+    out = tmp_path / "d.json"
+    rc = _bench().main(["--shapes", "1,4,1,40", "--dtypes", "f32", "--d", "64", "--warm",
+                        "0.01", "--reps", "2", "--paged", "--paged-block", "4",
+                        "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert "| 1,4,1,40 | f32 | " in text and "blocks of 4 shuffled" in text
+    rows = {r["kernel"]: r for r in json.loads(out.read_text())["results"]}
+    assert set(rows) == {"grouped", "streaming", "paged", "paged_str"}
+    assert all(r["nse"] < 1e-10 for r in rows.values())
+    assert rows["paged"]["request"]["pool_slots"] == 40  # 10 blocks of 4, no spare
+    assert rows["grouped"]["request"]["pool_slots"] == 0
+
+
+def test_paged_map_shuffles_whole_blocks():
+    mod = _bench()
+    import numpy as np
+
+    slots, read = mod.paged_map(np.random.default_rng(0), 3, 37, 16)
+    assert slots == 3 * 3 * 16 and read.shape == (3, 37) and read.dtype == np.int32
+    assert len(np.unique(read)) == read.size  # no slot named twice
+    assert (read[:, 1:16] - read[:, :15] == 1).all()  # a block's keys are consecutive slots
+    assert not (read[:, ::16] % 16).any()  # ... starting at a block boundary
+    x = np.arange(3 * 2 * 37 * 4, dtype=np.float32).reshape(3, 2, 37, 4)
+    pool = mod.to_pool(x, read, slots)
+    np.testing.assert_array_equal(pool[read].transpose(0, 2, 1, 3), x)
