@@ -113,8 +113,6 @@ def test_unfused_paged_step_refuses_bad_maps_and_publishes_nothing(device):
         check_refusals(g, rp.step, rp.read_state, rp.set_state)
 
 
-@pytest.mark.xfail(strict=True, reason="planning the keys=paged Attention needs the paged "
-                   "kernels (branch pagedkern); once merged this passes: remove the marker")
 def test_fused_paged_step_through_a_program(device):
     g = trace_paged_step(B, HQ, HKV, D, S, LK, live=True)
     with pootvk.compile(g, device) as prog:
@@ -126,8 +124,6 @@ def test_fused_paged_step_through_a_program(device):
         check_refusals(g, lambda v: prog(**v), prog.state, prog.set_state)
 
 
-@pytest.mark.xfail(strict=True, reason="planning the keys=paged Attention needs the paged "
-                   "kernels (branch pagedkern); once merged this passes: remove the marker")
 def test_pootvk_plan_of_a_paged_key(capsys):
     from pootvk.cli import main
 
