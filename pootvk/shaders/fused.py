@@ -169,10 +169,14 @@ def body_lines(
 Index = tuple[str, ...]
 
 
-def _aligned(ctx: Index, shape: tuple[int, ...]) -> Index:
+def _aligned(ctx: Index, shape: tuple[int, ...]) -> Index | None:
     """The index of a right-aligned argument of ``shape`` at its consumer's index ``ctx``
-    (a size-1 axis is index 0: broadcast)."""
+    (a size-1 axis is index 0: broadcast); None when ``shape`` has more axes than ``ctx``
+    (a value of higher rank, read through a Reshape that drops axes, is never at the
+    output's own index)."""
     off = len(ctx) - len(shape)
+    if off < 0:
+        return None
     return tuple("0u" if n == 1 else ctx[off + d] for d, n in enumerate(shape))
 
 
@@ -224,7 +228,9 @@ def moved_lines(
 
     def value(k: int, ctx: Index) -> str:
         n = body.nodes[k]
-        ctx = _aligned(ctx, n.shape)
+        aligned = _aligned(ctx, n.shape)
+        assert aligned is not None, "a node is evaluated at an index of at least its rank"
+        ctx = aligned
         key = (k, ctx) if n.op is not Leaf.LITERAL else (k, ())
         if key in memo:
             return memo[key]

@@ -143,3 +143,15 @@ def test_a_small_llama_decodes_like_the_oracle_with_fused_writes(device):
         np.testing.assert_allclose(
             model.program.state("l1.k_cache")[:, :, :n].astype(np.float32),
             oracle.states["l1.k_cache"][:, :, :n].astype(np.float32), rtol=2e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("dt", [F32, F16])
+def test_a_reshape_dropping_unit_axes_of_a_computed_value(device, dt):
+    """tanh(x [2, 1, 1]) reshaped to [2]: the body's tanh has more axes than the output
+    (hypothesis found the generator indexing past the output's index; regression)."""
+    b = Builder()
+    x = b.input("x", (2, 1, 1), dt)
+    y = b.unary("Tanh", x if dt is F32 else b.convert(x, F32))
+    b.export("y", b.mul(b.reshape(y, (2,)), b.input("w", (2,))))
+    g = b.build()
+    check(device, g, random_inputs(g, np.random.default_rng(11)))
