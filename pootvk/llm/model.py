@@ -149,25 +149,61 @@ SMOLLM2_135M = LlamaConfig(layers=30, q_heads=9, kv_heads=3, head_dim=64, hidden
                            eps=1e-5, weight_dtype="float16", tied_embeddings=True)
 
 
-def _trace(cfg: LlamaConfig, rows: int) -> Graph:
-    """The graph of ``rows`` tokens at ``pos``: decode when rows == 1, else prefill."""
-    b = Builder()
+def as_f32(b: Builder, v: Var) -> Var:
+    return v if v.dtype is F32 else b.convert(v, F32)
+
+
+def linear(b: Builder, x: Var, weight: Var) -> Var:
+    """x [rows, in] @ W[out, in]^T: one Linear (passes.matmul_fold)."""
+    return b.matmul(x, b.transpose(as_f32(b, weight), (1, 0)))
+
+
+def declare_weights(b: Builder, cfg: LlamaConfig) -> dict[str, Var]:
+    """The weight params (``cfg.param_shapes()``) and the folded RoPE tables."""
     w = {n: b.param(n, s, cfg.dtype if n.endswith((".wqkv", ".w_gu"))
                     else cfg.weight_dtype_of(n))
          for n, s in cfg.param_shapes().items()}
+    # folded tables: the six-kernel RoPE chain
+    w["rope_cos"] = b.param("rope_cos", (cfg.capacity, cfg.head_dim))
+    w["rope_sin"] = b.param("rope_sin", (cfg.capacity, cfg.head_dim))
+    return w
+
+
+def decoder_layers(b: Builder, cfg: LlamaConfig, w: dict[str, Var], x: Var,
+             attend: Callable[[int, Var], Var]) -> Var:
+    """The layers over ``x [n, hidden]``: ``attend(i, qkv)`` takes layer i's packed q/k/v
+    projection ``[n, (q_heads + 2 kv_heads) * head_dim]`` and returns the attention output
+    ``[n, q_heads * head_dim]`` (writing the layer's cache as it needs); the residual adds,
+    the norms and the SwiGLU MLP are the same whatever the cache layout."""
+    rows = x.shape[0]
+    for i in range(cfg.layers):
+        h = b.rms_norm(x, w[f"l{i}.attn_norm"], cfg.eps)
+        att = attend(i, linear(b, h, w[f"l{i}.wqkv"]))
+        x = b.add(x, linear(b, att, w[f"l{i}.wo"]))
+        h = b.rms_norm(x, w[f"l{i}.mlp_norm"], cfg.eps)
+        gu = linear(b, h, w[f"l{i}.w_gu"])  # [rows, 2 * intermediate]: gate, then up
+        f = cfg.intermediate
+        gate = b.silu(b.slice(gu, (0, 0), (rows, f)))
+        up = b.slice(gu, (0, f), (rows, 2 * f))
+        x = b.add(x, linear(b, b.mul(gate, up), w[f"l{i}.w_down"]))
+    return x
+
+
+def lm_logits(b: Builder, cfg: LlamaConfig, w: dict[str, Var], x: Var) -> Var:
+    head = w["embed"] if cfg.tied_embeddings else w["lm_head"]
+    return linear(b, b.rms_norm(x, w["norm"], cfg.eps), head)
+
+
+def _trace(cfg: LlamaConfig, rows: int) -> Graph:
+    """The graph of ``rows`` tokens at ``pos``: decode when rows == 1, else prefill."""
+    b = Builder()
+    w = declare_weights(b, cfg)
     cap, hq, hkv, d = cfg.capacity, cfg.q_heads, cfg.kv_heads, cfg.head_dim
-    cos = b.param("rope_cos", (cap, d))  # folded tables: the six-kernel RoPE chain
-    sin = b.param("rope_sin", (cap, d))
+    cos, sin = w["rope_cos"], w["rope_sin"]
     prefill = rows > 1
     token = b.tokens("tokens" if prefill else "token", (rows,), cfg.vocab)
     pos = b.pos("pos", 0, cap - rows)
     last = b.slot("last", SlotKind.POS, (1,), I32, (0, rows - 1)) if prefill else None
-
-    def f32(v: Var) -> Var:
-        return v if v.dtype is F32 else b.convert(v, F32)
-
-    def linear(x: Var, weight: Var) -> Var:  # x [rows, in] @ W[out, in]^T: one Linear
-        return b.matmul(x, b.transpose(f32(weight), (1, 0)))
 
     def heads(x: Var, n: int) -> Var:  # [rows, n * d] -> [1, n, rows, d]
         if not prefill:
@@ -184,12 +220,11 @@ def _trace(cfg: LlamaConfig, rows: int) -> Graph:
     # len = pos + rows for the one batch row (a constant [1] of rows, folded at compile)
     length = b.add(pos, b.add(b.mul(b.iota((1,), axis=0), 0), rows))
     mask = causal_mask(b, pos, rows, cap) if prefill else None  # shared by every layer
-    x = f32(b.gather(w["embed"], token))  # [rows, hidden]
-    for i in range(cfg.layers):
-        h = b.rms_norm(x, w[f"l{i}.attn_norm"], cfg.eps)
+
+    def attend(i: int, packed: Var) -> Var:
         # q, k and v as one Linear (``wqkv``), read apart: the fusion pass makes each
         # slice + RoPE one kernel, k's and v's with their cache writes (passes.fuse)
-        qkv = heads(linear(h, w[f"l{i}.wqkv"]), hq + 2 * hkv)
+        qkv = heads(packed, hq + 2 * hkv)
         q = b.rope(b.slice(qkv, (0, 0, 0, 0), (1, hq, rows, d)), pos, cos, sin)
         k = b.rope(b.slice(qkv, (0, hq, 0, 0), (1, hq + hkv, rows, d)), pos, cos, sin)
         v = b.slice(qkv, (0, hq + hkv, 0, 0), (1, hq + 2 * hkv, rows, d))
@@ -201,18 +236,12 @@ def _trace(cfg: LlamaConfig, rows: int) -> Graph:
         vc = b.dynamic_update_slice(vc, v, (0, 0, pos, 0))
         b.set_state(f"l{i}.k_cache", kc)
         b.set_state(f"l{i}.v_cache", vc)
-        att = attention_live(b, q, kc, vc, length, mask=mask, guard=f"l{i}.len")
-        x = b.add(x, linear(unheads(att), w[f"l{i}.wo"]))
-        h = b.rms_norm(x, w[f"l{i}.mlp_norm"], cfg.eps)
-        gu = linear(h, w[f"l{i}.w_gu"])  # [rows, 2 * intermediate]: gate, then up
-        f = cfg.intermediate
-        gate = b.silu(b.slice(gu, (0, 0), (rows, f)))
-        up = b.slice(gu, (0, f), (rows, 2 * f))
-        x = b.add(x, linear(b.mul(gate, up), w[f"l{i}.w_down"]))
+        return unheads(attention_live(b, q, kc, vc, length, mask=mask, guard=f"l{i}.len"))
+
+    x = decoder_layers(b, cfg, w, as_f32(b, b.gather(w["embed"], token)), attend)
     if last is not None:
         x = b.gather(x, last)  # [1, hidden]: only the last real row's logits are wanted
-    head = w["embed"] if cfg.tied_embeddings else w["lm_head"]
-    b.export("logits", linear(b.rms_norm(x, w["norm"], cfg.eps), head))
+    b.export("logits", lm_logits(b, cfg, w, x))
     return b.build()
 
 
