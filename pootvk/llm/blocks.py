@@ -268,20 +268,22 @@ def write_map(tables: Sequence[BlockTable | None], new_positions: object) -> np.
     pos = np.asarray(new_positions, np.int64)
     if pos.ndim != 2 or pos.shape[0] != len(tables):
         raise ValueError(f"new_positions must be [rows={len(tables)}, tokens], got {pos.shape}")
-    out = np.full(pos.shape, -1, np.int32)
+    out = np.full(pos.shape, -1, np.int64)
     for r, t in enumerate(tables):
-        for j, p in enumerate(pos[r]):
-            if p == -1:
-                continue
-            if t is None:
-                raise SlotMapError("write", r * pos.shape[1] + j, int(p),
-                                   f"row {r} is a padding row; its tokens must be -1")
-            if not 0 <= p < t.length:
-                raise SlotMapError("write", r * pos.shape[1] + j, int(p),
-                                   f"row {r}'s table maps positions [0, {t.length})")
-            out[r, j] = t.slot(int(p))
-    flat = out.reshape(-1)
-    return check_write_map(flat, _pool_slots(tables))
+        p = pos[r]
+        real = p != -1
+        length = 0 if t is None else t.length
+        bad = np.nonzero(real & ((p < 0) | (p >= length)))[0]
+        if bad.size:
+            j = int(bad[0])
+            why = (f"row {r} is a padding row; its tokens must be -1" if t is None
+                   else f"row {r}'s table maps positions [0, {length})")
+            raise SlotMapError("write", r * pos.shape[1] + j, int(p[j]), why)
+        if t is not None and real.any():
+            q = p[real]
+            out[r, real] = np.asarray(t.blocks, np.int64)[q // BLOCK_SIZE] * BLOCK_SIZE \
+                + q % BLOCK_SIZE
+    return check_write_map(out.reshape(-1), _pool_slots(tables))
 
 
 def _pool_slots(tables: Sequence[BlockTable | None]) -> int:
