@@ -15,6 +15,9 @@ two int32 maps built here (seed, "Paged KV"):
   ``-1`` (a padding token writes nothing) (:func:`write_map`, checked by
   :func:`check_write_map`: no slot outside the pool, none named twice).
 
+A copy-on-write (:meth:`BlockTable.append`) returns ``(src_block, dst_block)`` copies the
+caller runs on every layer's pools before the step (:func:`copy_slots` gives their slots).
+
 Slot arithmetic: position ``t`` of a table lives in block ``blocks[t // BLOCK_SIZE]`` at
 offset ``t % BLOCK_SIZE``, flat slot ``block * BLOCK_SIZE + offset``.
 
@@ -321,3 +324,18 @@ def check_write_map(write: object, pool_slots: int) -> np.ndarray:
         first = int(np.nonzero(m[:i] == m[i])[0][0])
         raise SlotMapError("write", i, int(m[i]), f"slot already written by entry {first}")
     return m.astype(np.int32)
+
+
+def copy_slots(copies: Sequence[BlockCopy]) -> tuple[np.ndarray, np.ndarray]:
+    """int32 ``(src, dst)`` slots of block copies, ``BLOCK_SIZE`` per copy, in order.
+
+    The caller runs ``pool[dst] = pool[src]`` on every layer's K and V pools before the
+    step: a gather and a ScatterUpdate through ``dst`` (fresh blocks, each named once, so
+    ``dst`` passes :func:`check_write_map`).
+    """
+    offsets = np.arange(BLOCK_SIZE, dtype=np.int64)
+    src = [s * BLOCK_SIZE + offsets for s, _ in copies]
+    dst = [d * BLOCK_SIZE + offsets for _, d in copies]
+    empty = np.zeros(0, np.int64)
+    return (np.concatenate([empty, *src]).astype(np.int32),
+            np.concatenate([empty, *dst]).astype(np.int32))

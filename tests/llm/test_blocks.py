@@ -12,6 +12,7 @@ from pootvk.llm.blocks import (
     BlockPool,
     BlockTable,
     check_write_map,
+    copy_slots,
     read_map,
     write_map,
 )
@@ -163,3 +164,11 @@ def test_cow_needs_its_block_atomically():
         b.append(1)  # the copy of block 1 needs a block
     assert (e.value.wanted, e.value.free, e.value.total) == (1, 0, 2)
     assert state(pool) == before and b.blocks == [0, 1] and b.length == 17
+
+
+def test_copy_slots():
+    src, dst = copy_slots([(1, 2), (5, 0)])
+    np.testing.assert_array_equal(src, list(range(16, 32)) + list(range(80, 96)))
+    np.testing.assert_array_equal(dst, list(range(32, 48)) + list(range(0, 16)))
+    assert src.dtype == dst.dtype == np.int32
+    assert copy_slots([])[0].shape == (0,)

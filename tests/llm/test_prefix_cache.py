@@ -18,7 +18,14 @@ from hypothesis.stateful import (
 )
 
 from pootvk.errors import PoolExhausted
-from pootvk.llm.blocks import BLOCK_SIZE, BlockPool, check_write_map, read_map, write_map
+from pootvk.llm.blocks import (
+    BLOCK_SIZE,
+    BlockPool,
+    check_write_map,
+    copy_slots,
+    read_map,
+    write_map,
+)
 from pootvk.llm.prefix_cache import PrefixCache, WeightsIdentity, block_hash
 
 BASE = WeightsIdentity("d" * 64)
@@ -199,11 +206,14 @@ class BlockManagerMachine(RuleBasedStateMachine):
         assert len(copies) == int(shared_last)
         if copies:
             event("extend: copy on write")
-        for src, dst in copies:  # what the engine runs on every layer's K and V pools
+        for src, dst in copies:
             assert self.pool.ref_count(dst) == 1 and dst in seq.table.blocks
             assert src not in seq.table.blocks and self.pool.ref_count(src) >= 1
-            s, d = src * BLOCK_SIZE, dst * BLOCK_SIZE
-            self.kv[d:d + BLOCK_SIZE] = self.kv[s:s + BLOCK_SIZE]
+        src_slots, dst_slots = copy_slots(copies)  # what the engine runs on every pool
+        check_write_map(dst_slots, self.pool.pool_slots)
+        values = [self.kv[x] for x in src_slots]
+        for x, v in zip(dst_slots, values, strict=True):
+            self.kv[x] = v
         n = len(seq.tokens)
         self.pending[id(seq)].extend(range(n - len(new), n))
 
