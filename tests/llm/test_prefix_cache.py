@@ -296,8 +296,9 @@ class BlockManagerMachine(RuleBasedStateMachine):
     def cache_maps_are_inverse(self) -> None:
         cached = [b for b in range(self.pool.num_blocks) if self.cache.hash_of(b) is not None]
         assert len(cached) == len(self.cache)
+        assert cached == [b for b in range(self.pool.num_blocks) if self.pool.is_cached(b)]
         for b in cached:
-            assert self.pool.is_cached(b) and self.cache.block_of(self.cache.hash_of(b)) == b
+            assert self.cache.block_of(self.cache.hash_of(b)) == b
 
     @invariant()
     def identities_never_share(self) -> None:
