@@ -42,6 +42,8 @@ BLOCK_SIZE = 16
 #: ``(src_block, dst_block)`` copies slots ``[src*16, src*16+16)`` to ``[dst*16, ...)``.
 BlockCopy = tuple[int, int]
 
+_OFFSETS = np.arange(BLOCK_SIZE, dtype=np.int32)
+
 
 def blocks_for(tokens: int) -> int:
     """Blocks that hold ``tokens`` positions."""
@@ -166,13 +168,15 @@ class BlockTable:
 
     The table holds one reference to each of its blocks. ``length`` counts the positions it
     maps: the tokens already written plus those the next step writes (call :meth:`append`
-    before building the step's maps).
+    before building the step's maps). ``blocks`` is read-only outside this class (the maps
+    read a cached array of it).
     """
 
     def __init__(self, pool: BlockPool) -> None:
         self.pool = pool
         self.blocks: list[int] = []
         self.length = 0
+        self._array: np.ndarray | None = None
 
     @classmethod
     def sharing(cls, pool: BlockPool, blocks: Sequence[int], length: int) -> BlockTable:
@@ -185,6 +189,7 @@ class BlockTable:
             pool.incref(b)
         t = cls(pool)
         t.blocks, t.length = list(blocks), length
+        t._array = None
         return t
 
     def fork(self) -> BlockTable:
@@ -217,7 +222,17 @@ class BlockTable:
             copies.append((src, dst))
         self.blocks.extend(fresh)
         self.length += n_tokens
+        if new or cow:
+            self._array = None
         return copies
+
+    def block_array(self) -> np.ndarray:
+        """int32 [len(blocks)]: the blocks as an array, rebuilt only when they change (a
+        new block every ``BLOCK_SIZE`` tokens, a copy on write), so a decode step's maps do
+        not convert the list."""
+        if self._array is None:
+            self._array = np.asarray(self.blocks, np.int32)
+        return self._array
 
     def slot(self, position: int) -> int:
         if not 0 <= position < self.length:
@@ -227,16 +242,14 @@ class BlockTable:
 
     def slots(self) -> np.ndarray:
         """int32 [length]: the slot of every mapped position."""
-        t = np.arange(self.length)
-        return (np.asarray(self.blocks, np.int64)[t // BLOCK_SIZE] * BLOCK_SIZE
-                + t % BLOCK_SIZE).astype(np.int32)
+        return (self.block_array()[:, None] * BLOCK_SIZE + _OFFSETS).reshape(-1)[: self.length]
 
     def free(self) -> None:
         """Release every block (last block first, so a cached tail is evicted before the
         prefix it extends); the table is empty afterwards."""
         for b in reversed(self.blocks):
             self.pool.decref(b)
-        self.blocks, self.length = [], 0
+        self.blocks, self.length, self._array = [], 0, None
 
 
 # --- slot maps for one step of a batch -------------------------------------------------------
@@ -249,14 +262,20 @@ def read_map(tables: Sequence[BlockTable | None], cap: int) -> np.ndarray:
     read slot 0: they are masked out by the row's live length, and 0 is a pool slot, so the
     map stays inside the range the bind checks. A row longer than ``cap`` is refused.
     """
+    blocks, _, lengths, _ = _step_blocks(tables)
+    over = np.nonzero(lengths > cap)[0]
+    if over.size:
+        r = int(over[0])
+        raise SlotMapError("read", r, int(lengths[r]),
+                           f"row {r} holds {lengths[r]} positions; the map has {cap} columns")
+    # every block of every row expanded to its slots once, then one row copy each
+    slots = (blocks[:, None] * BLOCK_SIZE + _OFFSETS).reshape(-1)
     out = np.zeros((len(tables), cap), np.int32)
+    start = 0
     for r, t in enumerate(tables):
-        if t is None:
-            continue
-        if t.length > cap:
-            raise SlotMapError("read", r, t.length,
-                               f"row {r} holds {t.length} positions; the map has {cap} columns")
-        out[r, : t.length] = t.slots()
+        if t is not None:
+            out[r, : t.length] = slots[start:start + t.length]
+            start += len(t.blocks) * BLOCK_SIZE
     return out
 
 
@@ -266,36 +285,40 @@ def write_map(tables: Sequence[BlockTable | None], new_positions: object) -> np.
     ``new_positions`` is ``[rows, tokens]`` logical positions (``-1``: a padding token);
     a padding row (``None``) must have only ``-1``. Each position must already be mapped by
     its row's table (:meth:`BlockTable.append` first). Padding tokens map to ``-1``, which
-    the scatter skips.
+    the scatter skips. The result has passed :func:`check_write_map`.
     """
     pos = np.asarray(new_positions, np.int64)
     if pos.ndim != 2 or pos.shape[0] != len(tables):
         raise ValueError(f"new_positions must be [rows={len(tables)}, tokens], got {pos.shape}")
-    out = np.full(pos.shape, -1, np.int64)
-    for r, t in enumerate(tables):
-        p = pos[r]
-        real = p != -1
-        length = 0 if t is None else t.length
-        bad = np.nonzero(real & ((p < 0) | (p >= length)))[0]
-        if bad.size:
-            j = int(bad[0])
-            why = (f"row {r} is a padding row; its tokens must be -1" if t is None
-                   else f"row {r}'s table maps positions [0, {length})")
-            raise SlotMapError("write", r * pos.shape[1] + j, int(p[j]), why)
-        if t is not None and real.any():
-            q = p[real]
-            out[r, real] = np.asarray(t.blocks, np.int64)[q // BLOCK_SIZE] * BLOCK_SIZE \
-                + q % BLOCK_SIZE
-    return check_write_map(out.reshape(-1), _pool_slots(tables))
+    blocks, base, lengths, pool_slots = _step_blocks(tables)
+    real = pos != -1
+    bad = np.argwhere(real & ((pos < 0) | (pos >= lengths[:, None])))
+    if bad.size:
+        r, j = (int(x) for x in bad[0])
+        why = (f"row {r} is a padding row; its tokens must be -1" if tables[r] is None
+               else f"row {r}'s table maps positions [0, {lengths[r]})")
+        raise SlotMapError("write", r * pos.shape[1] + j, int(pos[r, j]), why)
+    q = np.where(real, pos, 0)
+    slots = blocks[base[:, None] + q // BLOCK_SIZE] * BLOCK_SIZE + q % BLOCK_SIZE
+    return check_write_map(np.where(real, slots, -1).reshape(-1), pool_slots)
 
 
-def _pool_slots(tables: Sequence[BlockTable | None]) -> int:
-    """The slots of the tables' one pool (rows of different pools cannot share a step); 0
-    when every row is padding (then every word is -1)."""
+def _step_blocks(tables: Sequence[BlockTable | None]
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """The rows' blocks in one array, each row's first index in it, each row's length (0
+    for a padding row) and the pool's slot count (0 when every row is padding), so a map is
+    a few array operations whatever the row count. A trailing 0 keeps the index of a
+    masked position in bounds. The rows of one step must share one pool."""
     pools = {id(t.pool): t.pool for t in tables if t is not None}
     if len(pools) > 1:
         raise ValueError("the rows of one step must share one BlockPool")
-    return next(iter(pools.values())).pool_slots if pools else 0
+    counts = np.array([0 if t is None else len(t.blocks) for t in tables], np.int64)
+    base = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    blocks = np.concatenate([*(t.block_array() for t in tables if t is not None),
+                             np.zeros(1, np.int32)])
+    lengths = np.array([0 if t is None else t.length for t in tables], np.int64)
+    pool_slots = next(iter(pools.values())).pool_slots if pools else 0
+    return blocks, base, lengths, pool_slots
 
 
 def check_write_map(write: object, pool_slots: int) -> np.ndarray:

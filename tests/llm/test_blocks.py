@@ -172,3 +172,31 @@ def test_copy_slots():
     np.testing.assert_array_equal(dst, list(range(32, 48)) + list(range(0, 16)))
     assert src.dtype == dst.dtype == np.int32
     assert copy_slots([])[0].shape == (0,)
+
+
+def test_maps_over_scattered_tables_match_per_position_slots():
+    """Interleaved growth scatters every table's blocks over the pool; empty and padding
+    rows sit between real ones. Each word against blocks[t // 16] * 16 + t % 16."""
+    rng = np.random.default_rng(0)
+    pool = BlockPool(64)
+    tables = [BlockTable(pool) for _ in range(5)]
+    for _ in range(40):
+        t = tables[int(rng.integers(0, 4))]  # table 4 stays empty
+        t.append(int(rng.integers(1, 20)))
+    rows = [tables[0], tables[4], None, tables[1], tables[2], None, tables[3]]
+    cap = max(t.length for t in tables) + 5
+    m = read_map(rows, cap)
+    for r, t in enumerate(rows):
+        for p in range(cap):
+            want = t.blocks[p // 16] * 16 + p % 16 if t is not None and p < t.length else 0
+            assert m[r, p] == want, (r, p)
+    pos = np.full((len(rows), 3), -1)
+    for r, t in enumerate(rows):
+        if t is not None and t.length:
+            pos[r, : min(3, t.length)] = range(t.length - min(3, t.length), t.length)
+    w = write_map(rows, pos).reshape(len(rows), 3)
+    for r, t in enumerate(rows):
+        for j in range(3):
+            p = pos[r, j]
+            assert w[r, j] == (-1 if p == -1 else t.blocks[p // 16] * 16 + p % 16), (r, j)
+    assert all(np.any(np.diff(t.blocks) != 1) for t in tables[:4])  # really scattered
