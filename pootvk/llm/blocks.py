@@ -104,6 +104,10 @@ class BlockPool:
     def is_cached(self, block: int) -> bool:
         return block in self._cached
 
+    def can_share(self, block: int) -> bool:
+        """Whether :meth:`incref` accepts ``block``: used, or evictable (cached)."""
+        return self._ref[block] > 0 or block in self._evictable
+
     def free_blocks(self) -> frozenset[int]:
         """Blocks in the free state (for checks; evictable ones are not included)."""
         return frozenset(self._free)
@@ -136,9 +140,9 @@ class BlockPool:
     def incref(self, block: int) -> None:
         """One more holder of a used or evictable block (pinning a cached block takes it out
         of the eviction order). A free block cannot gain a holder: allocate it."""
+        if not self.can_share(block):
+            raise ValueError(f"block {block} is free; allocate it instead of sharing it")
         if self._ref[block] == 0:
-            if block not in self._evictable:
-                raise ValueError(f"block {block} is free; allocate it instead of sharing it")
             del self._evictable[block]
         self._ref[block] += 1
 
@@ -185,6 +189,9 @@ class BlockTable:
         if blocks_for(length) != len(blocks):
             raise ValueError(f"{length} positions need {blocks_for(length)} blocks, "
                              f"got {len(blocks)}")
+        free = [b for b in blocks if not pool.can_share(b)]
+        if free:  # checked first, so a refusal leaves every count as it was
+            raise ValueError(f"blocks {free} are free; allocate them instead of sharing them")
         for b in blocks:
             pool.incref(b)
         t = cls(pool)

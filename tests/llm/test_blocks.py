@@ -53,6 +53,10 @@ def test_reference_counts_free_at_zero():
         pool.decref(b)
     with pytest.raises(ValueError):
         pool.incref(b)  # a free block is allocated, never shared
+    (c,) = pool.allocate(1)
+    with pytest.raises(ValueError):
+        BlockTable.sharing(pool, [c, b], 20)  # b is free: nothing is shared
+    assert pool.ref_count(c) == 1
 
 
 def test_table_slots_and_growth():
