@@ -335,9 +335,10 @@ class PoolExhausted(PootvkError, RuntimeError):
 
 
 class SlotMapError(PootvkError, ValueError):
-    """A paged slot map names a slot it may not: outside the pool, twice in one write map,
-    or a position its row's block table does not hold. ``index`` locates the offending entry
-    of map ``name`` (a write map's flat index, a read map's row), ``value`` is its word."""
+    """A slot map being built names a position its row's block table does not hold (a write
+    position past the row's length, a row longer than the read map). ``index`` locates the
+    entry of map ``name`` (a write map's flat index, a read map's row), ``value`` is the
+    position or length. A bad slot word is ``WriteMapError`` / ``SlotRangeError``."""
 
     def __init__(self, name: str, index: int, value: int, why: str) -> None:
         self.name, self.index, self.value, self.why = name, index, value, why

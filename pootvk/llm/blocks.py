@@ -13,7 +13,8 @@ two int32 maps built here (seed, "Paged KV"):
   ``read[r, t] * Hkv + g``.
 - ``write`` ``[rows * tokens]``: each new token -> the slot its K/V row is scattered to, or
   ``-1`` (a padding token writes nothing) (:func:`write_map`, checked by
-  :func:`check_write_map`: no slot outside the pool, none named twice).
+  :func:`check_write_map`, ``ir.slotmap.ForwardSlotMap``'s rule: no slot outside the
+  pool, none named twice).
 
 A copy-on-write (:meth:`BlockTable.append`) returns ``(src_block, dst_block)`` copies the
 caller runs on every layer's pools before the step (:func:`copy_slots` gives their slots).
@@ -34,6 +35,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ..errors import PoolExhausted, SlotMapError
+from ..ir.slotmap import ForwardSlotMap
 
 #: Tokens (pool slots) per block: the seed's poot_llm::driver::block_table::BLOCK_SIZE.
 BLOCK_SIZE = 16
@@ -305,6 +307,8 @@ def write_map(tables: Sequence[BlockTable | None], new_positions: object) -> np.
         why = (f"row {r} is a padding row; its tokens must be -1" if tables[r] is None
                else f"row {r}'s table maps positions [0, {lengths[r]})")
         raise SlotMapError("write", r * pos.shape[1] + j, int(pos[r, j]), why)
+    if not pool_slots:  # every row is padding: nothing is written
+        return np.full(pos.size, -1, np.int32)
     q = np.where(real, pos, 0)
     slots = blocks[base[:, None] + q // BLOCK_SIZE] * BLOCK_SIZE + q % BLOCK_SIZE
     return check_write_map(np.where(real, slots, -1).reshape(-1), pool_slots)
@@ -329,31 +333,16 @@ def _step_blocks(tables: Sequence[BlockTable | None]
 
 
 def check_write_map(write: object, pool_slots: int) -> np.ndarray:
-    """The seed's ForwardSlotMap rule: return ``write`` as int32 ``[n]``, or refuse it.
+    """The checked words of ``write`` as a ``[pool_slots]``-pool write map, int32 ``[n]``
+    (read-only).
 
-    Every word is ``-1`` (writes nothing) or a slot in ``[0, pool_slots)``, and no slot is
-    named twice (two writers of one row would make the result depend on scheduling). The
-    error names the first offending index (for a duplicate, its second occurrence) and
-    value. The device bind calls this before anything dispatches.
+    The rule is ``ir.slotmap.ForwardSlotMap``'s, the one every binder applies to a WRITEMAP
+    slot (one definition): each word is ``-1`` (writes nothing) or a slot in
+    ``[0, pool_slots)``, and no slot is named twice, else ``WriteMapError`` naming the word's
+    index and value (for a repeat, ``first``: the earlier word). Checking here refuses a bad
+    map when it is built, before the step is even assembled.
     """
-    m = np.asarray(write)
-    if m.ndim != 1 or not np.issubdtype(m.dtype, np.integer):
-        raise ValueError(f"a write map is a 1-D integer array, got {m.dtype} {m.shape}")
-    m = m.astype(np.int64)
-    bad = np.nonzero((m < -1) | (m >= pool_slots))[0]
-    if bad.size:
-        i = int(bad[0])
-        raise SlotMapError("write", i, int(m[i]), f"outside the pool [0, {pool_slots}) and not -1")
-    idx = np.nonzero(m >= 0)[0]
-    order = np.argsort(m[idx], kind="stable")
-    sorted_vals = m[idx][order]
-    dup = np.nonzero(sorted_vals[1:] == sorted_vals[:-1])[0]
-    if dup.size:
-        second = idx[order][dup + 1]  # stable sort: the later occurrence of each pair
-        i = int(second.min())
-        first = int(np.nonzero(m[:i] == m[i])[0][0])
-        raise SlotMapError("write", i, int(m[i]), f"slot already written by entry {first}")
-    return m.astype(np.int32)
+    return np.asarray(ForwardSlotMap(write, pool_slots))
 
 
 def copy_slots(copies: Sequence[BlockCopy]) -> tuple[np.ndarray, np.ndarray]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pootvk.errors import PoolExhausted, SlotMapError
+from pootvk.errors import PoolExhausted, SlotMapError, WriteMapError
 from pootvk.llm.blocks import (
     BLOCK_SIZE,
     BlockPool,
@@ -119,11 +119,12 @@ def test_check_write_map_refusals():
                                   [3, -1, 127, -1])
     for bad, index, value in (([3, 128, -1], 1, 128), ([-2, 5], 0, -2), ([4, 9, 4, 9], 2, 4),
                               ([-1, 7, -1, 6, 7], 4, 7)):
-        with pytest.raises(SlotMapError) as e:
+        with pytest.raises(WriteMapError) as e:
             check_write_map(np.array(bad, np.int32), 128)
         assert (e.value.index, e.value.value) == (index, value), bad
-    with pytest.raises(SlotMapError, match="entry 1"):
+    with pytest.raises(WriteMapError) as e:
         check_write_map(np.array([0, 5, 2, 5]), 16)
+    assert (e.value.index, e.value.value, e.value.first) == (3, 5, 1)
 
 
 def test_fork_and_copy_on_write():
