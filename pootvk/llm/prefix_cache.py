@@ -13,6 +13,7 @@ Life of a request (the engine's calls, in step order)::
     seq = cache.open(prompt, identity)      # pins the cached prefix, maps the rest
     # prefill prompt[seq.cached_tokens:] at those positions, then:
     cache.commit(seq)                       # its newly full blocks become cached
+                                            # (commit(seq, written) between chunks)
     copies = cache.extend(seq, [token])     # each decode step; run copies, the step,
     cache.commit(seq)                       # then commit
     cache.close(seq)                        # blocks stay cached, unpinned (evictable)
@@ -161,12 +162,15 @@ class PrefixCache:
         seq.tokens.extend(tokens)
         return copies
 
-    def commit(self, seq: CachedSequence) -> int:
-        """Cache the sequence's full blocks not cached yet; call after the step that wrote
-        their K/V. Returns how many blocks became cached. A block whose hash is already
-        cached (another request computed the same prefix) stays private to this table."""
+    def commit(self, seq: CachedSequence, written: int | None = None) -> int:
+        """Cache the sequence's full blocks not cached yet among its first ``written``
+        positions (default: all its tokens); call after the step that wrote their K/V, with
+        ``written`` the positions written so far when a prompt is prefilled in chunks.
+        Returns how many blocks became cached. A block whose hash is already cached (another
+        request computed the same prefix) stays private to this table."""
+        written = len(seq.tokens) if written is None else min(written, len(seq.tokens))
         added = 0
-        for i in range(len(seq.hashes), len(seq.tokens) // BLOCK_SIZE):
+        for i in range(len(seq.hashes), written // BLOCK_SIZE):
             parent = seq.hashes[-1] if seq.hashes else None
             h = block_hash(parent, seq.tokens[i * BLOCK_SIZE:(i + 1) * BLOCK_SIZE],
                            seq.identity)

@@ -109,6 +109,16 @@ def test_lru_eviction_and_forgetting():
     assert a2.cached_tokens == 16 and a2.table.blocks[0] == 0
 
 
+def test_chunked_prefill_commits_only_written_blocks():
+    pool = BlockPool(4)
+    cache = PrefixCache(pool)
+    a = cache.open(list(range(40)), BASE)
+    assert cache.commit(a, written=15) == 0  # block 0 not fully written yet
+    assert cache.commit(a, written=31) == 1 and a.hashes == [cache.hash_of(0)]
+    assert cache.match(list(range(40)), BASE)[0] == [0]
+    assert cache.commit(a, written=40) == 1 and len(cache) == 2
+
+
 def test_fork_copies_the_shared_partial_block():
     pool = BlockPool(6)
     cache = PrefixCache(pool)
