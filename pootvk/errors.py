@@ -317,3 +317,29 @@ class WriteMapError(PootvkError, ValueError):
             slot, index, value, pool_slots, why, first)
         super().__init__(f"write map {slot!r}: word {index} = {value}: {why} "
                          f"(pool of {pool_slots} slots; -1 writes nothing)")
+
+
+# --- paged KV: the block pool and its slot maps (pootvk/llm/blocks.py) ---------------------
+
+
+class PoolExhausted(PootvkError, RuntimeError):
+    """The KV block pool cannot give ``wanted`` blocks: only ``free`` are allocatable
+    (free plus evictable cached blocks) of ``total``. Nothing was allocated or evicted."""
+
+    def __init__(self, wanted: int, free: int, total: int) -> None:
+        self.wanted, self.free, self.total = wanted, free, total
+        super().__init__(
+            f"the KV pool cannot allocate {wanted} block(s): {free} free (evictable cached "
+            f"blocks included) of {total}; finish or preempt a sequence, or make the pool larger"
+        )
+
+
+class SlotMapError(PootvkError, ValueError):
+    """A slot map being built names a position its row's block table does not hold (a write
+    position past the row's length, a row longer than the read map). ``index`` locates the
+    entry of map ``name`` (a write map's flat index, a read map's row), ``value`` is the
+    position or length. A bad slot word is ``WriteMapError`` / ``SlotRangeError``."""
+
+    def __init__(self, name: str, index: int, value: int, why: str) -> None:
+        self.name, self.index, self.value, self.why = name, index, value, why
+        super().__init__(f"{name} map entry {index} = {value}: {why}")

@@ -1,6 +1,8 @@
-"""KV caches, the decode-loop driver, the Llama model graphs, GGUF model files, the
-tokenizer and text generation (``load``)."""
+"""KV caches (the paged cache's blocks and prefix cache: ``blocks``, ``prefix_cache``), the
+decode-loop driver, the Llama model graphs, GGUF model files, the tokenizer and text
+generation (``load``)."""
 
+from .blocks import BLOCK_SIZE, BlockPool, BlockTable, check_write_map, read_map, write_map
 from .decode_loop import DecodeLoop
 from .generate import TextModel, load
 from .gguf import GGUFFile, GGUFModel, load_gguf
@@ -16,10 +18,12 @@ from .model import (
     trace_llama,
     trace_prefill,
 )
+from .prefix_cache import PrefixCache, WeightsIdentity
 from .sampling import sample
 from .tokenizer import Tokenizer
 
-__all__ = ["PREFILL_BUCKETS", "SMOLLM2_135M", "DecodeLoop", "GGUFFile", "GGUFModel",
-           "LlamaConfig", "LlamaModel", "OracleLlama", "TextModel", "Tokenizer", "load",
-           "load_gguf", "model_params", "prefill_chunks", "random_weights", "sample",
-           "trace_llama", "trace_prefill"]
+__all__ = ["BLOCK_SIZE", "PREFILL_BUCKETS", "SMOLLM2_135M", "BlockPool", "BlockTable",
+           "DecodeLoop", "GGUFFile", "GGUFModel", "LlamaConfig", "LlamaModel", "OracleLlama",
+           "PrefixCache", "TextModel", "Tokenizer", "WeightsIdentity", "check_write_map",
+           "load", "load_gguf", "model_params", "prefill_chunks", "random_weights",
+           "read_map", "sample", "trace_llama", "trace_prefill", "write_map"]
