@@ -79,11 +79,14 @@ class Engine:
         self.decode = Program(trace_llama_paged(cfg, max_batch, 1, slots, self.keys), device)
         try:
             self.decode.set_params(**model_params(cfg, weights))
-            self.prefill = Program(trace_llama_paged(cfg, 1, chunk, slots, self.keys),
-                                   share=self.decode)
         except BaseException:
             self.decode.close()
             raise
+        self._slots = slots
+        #: prefill steps by the logical keys they attend (a power of two >= the chunk's last
+        #: position + 1, at most the context): a chunk's attention visits its keys, not the
+        #: whole context (the mask form has no live length to stop at)
+        self._prefills: dict[int, Program] = {}
         self.rows: list[Request | None] = [None] * max_batch
         self.waiting: list[Request] = []
         self._next_id = 0
@@ -143,14 +146,33 @@ class Engine:
             mask = np.where(visible, 0.0, -np.inf).astype(np.float32)[None, None]
             toks = np.zeros(c, np.int32)
             toks[:n] = r.prompt[p0:p0 + n]
-            logits = self.prefill(tokens=toks, pos=pos.reshape(-1).astype(np.int32),
-                                  write=write_map([seq.table], wpos),
-                                  read=read_map([seq.table], self.keys), mask=mask,
-                                  last=np.array([n - 1], np.int32))["logits"]
+            keys = self._prefill_keys(p0 + n)
+            logits = self._prefill_program(keys)(
+                tokens=toks, pos=pos.reshape(-1).astype(np.int32),
+                write=write_map([seq.table], wpos),
+                # the table maps the whole prompt; the chunk reads its first ``keys`` slots
+                read=np.ascontiguousarray(
+                    read_map([seq.table], max(keys, len(r.prompt)))[:, :keys]),
+                mask=np.ascontiguousarray(mask[..., :keys]),
+                last=np.array([n - 1], np.int32))["logits"]
             self.cache.commit(seq, p0 + n)
         if logits is None:  # open() keeps the last prompt token uncached: never reached
             raise AssertionError("a prompt with nothing to prefill")
         return int(np.argmax(logits[0]))
+
+    def _prefill_keys(self, end: int) -> int:
+        keys = max(self.chunk, 16)
+        while keys < end:
+            keys *= 2
+        return min(keys, self.keys)
+
+    def _prefill_program(self, keys: int) -> Program:
+        prog = self._prefills.get(keys)
+        if prog is None:
+            prog = Program(trace_llama_paged(self.cfg, 1, self.chunk, self._slots, keys),
+                           share=self.decode)
+            self._prefills[keys] = prog
+        return prog
 
     def _finish(self, r: Request) -> None:
         assert r.seq is not None and r.row is not None
@@ -210,7 +232,8 @@ class Engine:
         return [outs[first + i] for i in range(len(prompts))]
 
     def close(self) -> None:
-        self.prefill.close()
+        for p in self._prefills.values():
+            p.close()
         self.decode.close()
 
     def __enter__(self) -> Engine:
