@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from .errors import PootvkError
+from .errors import InvalidArgument, PootvkError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -240,9 +240,14 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    """Stream a model's continuation of the prompt, then the prefill and decode rates."""
+    """Stream a model's continuation of the prompt, then the prefill and decode rates; with
+    several prompts, generate them together (``llm.TextEngine``) and print each."""
     from .llm import load
     from .llm.gguf import stderr_progress
+
+    if len(args.prompt) > 1:
+        return _generate_many(args)
+    args.prompt = args.prompt[0]
 
     # a progress line rewritten in place, on a terminal only (a refusal stays one line)
     t0 = time.perf_counter()
@@ -262,6 +267,33 @@ def _generate(args: argparse.Namespace) -> int:
               f"{st.prompt_tokens} tokens at {st.prefill_tokens_per_s:.1f} tokens/s, "
               f"generated {st.generated} tokens at {st.decode_tokens_per_s:.1f} tokens/s",
               file=sys.stderr)
+    return 0
+
+
+def _generate_many(args: argparse.Namespace) -> int:
+    """Several prompts through the batched engine (greedy): each continuation printed under
+    its prompt as it completes, then the aggregate rate."""
+    from .llm.generate import load_engine
+    from .llm.gguf import stderr_progress
+
+    if args.temperature > 0 or args.top_k or args.top_p < 1.0:
+        raise InvalidArgument("--temperature/--top-k/--top-p",
+                              "greedy (the defaults) with several prompts", args.temperature)
+    t0 = time.perf_counter()
+    te = load_engine(args.model, args.device, context=args.context,
+                     max_batch=min(len(args.prompt), 8),
+                     progress=stderr_progress if sys.stderr.isatty() else None)
+    with te:
+        load_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        texts = te.generate(args.prompt, args.max_tokens, chat=args.chat)
+        wall = time.perf_counter() - t0
+        n = te.generated_tokens
+        for i, (prompt, text) in enumerate(zip(args.prompt, texts, strict=True)):
+            print(f"[{i}] {prompt}{text}" if not args.chat else f"[{i}] {text}")
+        print(f"{te.name} on {te.engine.decode.device.name}: loaded in {load_s:.1f} s; "
+              f"{len(args.prompt)} prompts together, {n} tokens generated in "
+              f"{wall:.2f} s ({n / wall:.1f} tokens/s, prefills included)", file=sys.stderr)
     return 0
 
 
@@ -310,8 +342,9 @@ def main(argv: list[str] | None = None) -> int:
                       help="paged key: k/v are pools [S,Hkv,D] read through a slot map "
                       "[B,Lk] declared in [0,S)")
     plan.add_argument("--verbose", action="store_true", help="also print the whole plan")
-    gen = sub.add_parser("generate", help="stream a model's continuation of a prompt")
-    gen.add_argument("prompt")
+    gen = sub.add_parser("generate", help="stream a model's continuation of a prompt "
+                         "(several prompts: generated together, greedy)")
+    gen.add_argument("prompt", nargs="+")
     gen.add_argument("--max-tokens", type=positive_int, default=64)
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     gen.add_argument("--model", default="smollm2",

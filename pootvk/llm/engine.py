@@ -46,23 +46,26 @@ class Request:
     row: int | None = None
     submitted_s: float = 0.0
     first_token_s: float | None = None  # time to first token, from submission
+    eos_id: int | None = None  # generating it ends the request (it is still reported)
 
     @property
     def done(self) -> bool:
-        return len(self.generated) >= self.max_tokens
+        return len(self.generated) >= self.max_tokens or (
+            self.eos_id is not None and bool(self.generated) and self.generated[-1] == self.eos_id)
 
 
 class Engine:
     """``Engine(cfg, weights, max_batch=8, pool_tokens=...)``; ``generate(prompts,
     max_tokens)`` returns each prompt's generated ids, ``stream`` yields ``(request id,
-    token)`` as they come. ``weights`` are ``cfg.weight_shapes()``'s arrays (as for
+    token)`` as they come (a request ends after ``max_tokens`` or on ``eos_id``, which is
+    reported). ``weights`` are ``cfg.weight_shapes()``'s arrays (as for
     ``LlamaModel``); ``identity`` keys the prefix cache (another model or adapter: another
     identity, never a shared block)."""
 
     def __init__(self, cfg: LlamaConfig, weights: Mapping[str, np.ndarray], *,
                  max_batch: int = 8, pool_tokens: int | None = None, chunk: int = 16,
                  device: Device | int | str | None = None,
-                 identity: WeightsIdentity | None = None) -> None:
+                 identity: WeightsIdentity | None = None, eos_id: int | None = None) -> None:
         if max_batch < 1 or chunk < 1:
             raise InvalidArgument("max_batch/chunk", "ints >= 1", (max_batch, chunk))
         pool_tokens = max_batch * cfg.capacity if pool_tokens is None else pool_tokens
@@ -87,6 +90,7 @@ class Engine:
         #: position + 1, at most the context): a chunk's attention visits its keys, not the
         #: whole context (the mask form has no live length to stop at)
         self._prefills: dict[int, Program] = {}
+        self.eos_id = eos_id
         self.rows: list[Request | None] = [None] * max_batch
         self.waiting: list[Request] = []
         self._next_id = 0
@@ -102,7 +106,8 @@ class Engine:
         if len(prompt) + max_tokens > self.keys:
             raise InvalidArgument("prompt", f"prompt + max_tokens <= {self.keys} positions",
                                   len(prompt) + max_tokens)
-        r = Request(self._next_id, prompt, max_tokens, submitted_s=time.perf_counter())
+        r = Request(self._next_id, prompt, max_tokens, submitted_s=time.perf_counter(),
+                    eos_id=self.eos_id)
         self._next_id += 1
         self.waiting.append(r)
         return r.id

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -24,6 +24,9 @@ from ..vk import Device
 from .gguf import Progress
 from .model import LlamaConfig, LlamaModel
 from .sampling import check_sampling, sample
+
+if TYPE_CHECKING:
+    from .engine import Engine
 
 
 class Tokenizer(Protocol):
@@ -59,6 +62,14 @@ class RunStats:
         return n / self.decode_s if n > 0 and self.decode_s else 0.0
 
 
+def encode_prompt(tokenizer: Tokenizer, prompt: str, chat: bool = False) -> list[int]:
+    """The prompt's ids; with ``chat`` it is one user message through the model's chat
+    template, ending where the assistant's reply starts."""
+    if chat:
+        prompt = tokenizer.render_chat([{"role": "user", "content": prompt}])
+    return tokenizer.encode(prompt)
+
+
 class TextModel:
     """A model and its tokenizer: ``generate`` returns the text, ``stream`` yields it piece
     by piece as tokens are produced, ``tokens`` yields the ids."""
@@ -72,11 +83,7 @@ class TextModel:
         return self.model.cfg
 
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
-        """The prompt's ids; with ``chat`` it is one user message through the model's chat
-        template, ending where the assistant's reply starts."""
-        if chat:
-            prompt = self.tokenizer.render_chat([{"role": "user", "content": prompt}])
-        return self.tokenizer.encode(prompt)
+        return encode_prompt(self.tokenizer, prompt, chat)
 
     def tokens(self, prompt: str, max_tokens: int = 64, *, temperature: float = 0.0,
                top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
@@ -164,3 +171,72 @@ def load(model: str | os.PathLike[str] = "smollm2",
     tok = GGUFTokenizer.from_gguf(gm.file)
     return TextModel(LlamaModel(cfg, weights, device, timestamps=timestamps), tok,
                      name=gm.path.name)
+
+
+class TextEngine:
+    """Several prompts at once through the batched engine (``llm.engine.Engine``: paged KV,
+    continuous batching, prefix caching) with the model's tokenizer; greedy. ``stream``
+    yields ``(prompt index, text piece)`` as each request produces it, ``generate`` returns
+    the texts (prompts not included)."""
+
+    def __init__(self, engine: Engine, tokenizer: Tokenizer, name: str = "model") -> None:
+        self.engine, self.tokenizer, self.name = engine, tokenizer, name
+        self.generated_tokens = 0  # of the last stream/generate call (end-of-text not counted)
+
+    def stream(self, prompts: Sequence[str], max_tokens: int = 64, *, chat: bool = False
+               ) -> Iterator[tuple[int, str]]:
+        ids = [encode_prompt(self.tokenizer, p, chat) for p in prompts]
+        index = {self.engine.submit(x, max_tokens): i for i, x in enumerate(ids)}
+        got: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
+        shown = dict.fromkeys(range(len(prompts)), "")
+        eos = self.tokenizer.eos_id
+        self.generated_tokens = 0
+        while self.engine.waiting or any(r is not None for r in self.engine.rows):
+            for rid, tok in self.engine.step():
+                i = index[rid]
+                if tok == eos:
+                    continue
+                self.generated_tokens += 1
+                got[i].append(tok)
+                text = self.tokenizer.decode(got[i])
+                if not text.endswith("\ufffd") and text.startswith(shown[i]):
+                    yield i, text[len(shown[i]):]
+                    shown[i] = text
+
+    def generate(self, prompts: Sequence[str], max_tokens: int = 64, *,
+                 chat: bool = False) -> list[str]:
+        out = [""] * len(prompts)
+        for i, piece in self.stream(prompts, max_tokens, chat=chat):
+            out[i] += piece
+        return out
+
+    def close(self) -> None:
+        self.engine.close()
+
+    def __enter__(self) -> TextEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def load_engine(model: str | os.PathLike[str] = "smollm2",
+                device: Device | int | str | None = None, *, context: int = DEFAULT_CONTEXT,
+                max_batch: int = 8, pool_tokens: int | None = None, chunk: int = 64,
+                weight_dtype: str = "float16", kv_dtype: str = "float32",
+                progress: Progress | None = None) -> TextEngine:
+    """``load``'s model as a batched :class:`TextEngine` of ``max_batch`` rows, ``context``
+    positions a request, K/V in a pool of ``pool_tokens`` slots (default: ``max_batch x
+    context``); its prefix cache keyed to the file's digest."""
+    from .engine import Engine
+    from .gguf import load_gguf
+    from .prefix_cache import WeightsIdentity
+    from .tokenizer import Tokenizer as GGUFTokenizer
+
+    gm = load_gguf(model, weight_dtype=weight_dtype, capacity=context, progress=progress)
+    cfg = replace(gm.config, tied_embeddings=gm.tied_embeddings, kv_dtype=kv_dtype)
+    weights = {n: w for n, w in gm.weights.items() if n in cfg.weight_shapes()}
+    tok = GGUFTokenizer.from_gguf(gm.file)
+    eng = Engine(cfg, weights, max_batch=max_batch, pool_tokens=pool_tokens, chunk=chunk,
+                 device=device, identity=WeightsIdentity.of_file(gm.path), eos_id=tok.eos_id)
+    return TextEngine(eng, tok, name=gm.path.name)

@@ -70,3 +70,21 @@ def test_cli_refuses_a_missing_model_in_one_line(tmp_path, capsys):
     assert main(["generate", "hi", "--model", str(bad)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "UnsupportedModel" in err[0], err
+
+
+def test_several_prompts_generate_together_as_each_alone(smollm2_path, capsys):
+    """``pootvk generate P1 P2 P3``: the batched engine (paged KV, continuous batching)
+    prints each prompt's greedy continuation, the same text each prompt gives alone."""
+    from pootvk.llm import load
+
+    prompts = ["The capital of France is", "Once upon a time", "def add(a, b):"]
+    with load(smollm2_path, context=64) as tm:
+        alone = [tm.generate(p, 6) for p in prompts]
+    assert main(["generate", *prompts, "--context", "64", "--max-tokens", "6"]) == 0
+    out = capsys.readouterr().out
+    for i, (p, text) in enumerate(zip(prompts, alone, strict=True)):
+        assert f"[{i}] {p}{text}" in out, (out, text)
+    assert "Paris" in alone[0]
+    assert main(["generate", "hi", "x " * 80, "--context", "64", "--max-tokens", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "InvalidArgument" in err[0] and "64" in err[0], err
