@@ -279,9 +279,14 @@ def _generate_many(args: argparse.Namespace) -> int:
     if args.temperature > 0 or args.top_k or args.top_p < 1.0:
         raise InvalidArgument("--temperature/--top-k/--top-p",
                               "greedy (the defaults) with several prompts", args.temperature)
+    # the pool the prompts need at most: a byte-level BPE token spans at least one byte (the
+    # chat template adds at most its own length), rounded up to whole 16-token blocks
+    extra = 256 if args.chat else 0
+    pool = sum(-(-(len(p.encode()) + extra + args.max_tokens) // 16) * 16
+               for p in args.prompt)
     t0 = time.perf_counter()
     te = load_engine(args.model, args.device, context=args.context,
-                     max_batch=min(len(args.prompt), 8),
+                     max_batch=min(len(args.prompt), 8), pool_tokens=pool,
                      progress=stderr_progress if sys.stderr.isatty() else None)
     with te:
         load_s = time.perf_counter() - t0

@@ -91,3 +91,17 @@ def test_readme_real_model_block_runs(capsys, device):
     st = ns["tm"].stats
     assert st.prompt_tokens > 5 and 0 < st.generated <= 40 and "RunStats" in out
     assert len(out.strip()) > 40  # text came out
+
+
+def test_readme_engine_block_runs(capsys, device):
+    """The README's ``pootvk.llm.load_engine`` block, run as written on the real model:
+    two prompts generated together, then two streamed piece by piece."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("### Several prompts at once"):]
+    block = section[section.index("```python") + len("```python"):]
+    block = block[: block.index("```")]
+    ns: dict = {"pootvk": __import__("pootvk")}
+    exec(compile(block, "README.md", "exec"), ns)  # noqa: S102 (the README's own code)
+    out = capsys.readouterr().out
+    assert len(ns["texts"]) == 2 and all(len(t) > 20 for t in ns["texts"])
+    assert out.count("0 ") >= 1 and out.count("1 ") >= 1  # pieces of both prompts
