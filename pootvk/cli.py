@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from .errors import InvalidArgument, PootvkError
+from .errors import PootvkError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -271,14 +271,14 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _generate_many(args: argparse.Namespace) -> int:
-    """Several prompts through the batched engine (greedy): each continuation printed under
-    its prompt as it completes, then the aggregate rate."""
+    """Several prompts through the batched engine: each continuation printed under its
+    prompt, then the aggregate rate (sampling as for one prompt; ``--seed`` s gives prompt i
+    the seed s + i)."""
     from .llm.generate import load_engine
     from .llm.gguf import stderr_progress
+    from .llm.sampling import check_sampling
 
-    if args.temperature > 0 or args.top_k or args.top_p < 1.0:
-        raise InvalidArgument("--temperature/--top-k/--top-p",
-                              "greedy (the defaults) with several prompts", args.temperature)
+    check_sampling(args.temperature, args.top_k, args.top_p)
     # the pool the prompts need at most: a byte-level BPE token spans at least one byte (the
     # chat template adds at most its own length), rounded up to whole 16-token blocks
     extra = 256 if args.chat else 0
@@ -291,7 +291,9 @@ def _generate_many(args: argparse.Namespace) -> int:
     with te:
         load_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        texts = te.generate(args.prompt, args.max_tokens, chat=args.chat)
+        texts = te.generate(args.prompt, args.max_tokens, chat=args.chat,
+                            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                            seed=args.seed)
         wall = time.perf_counter() - t0
         n = te.generated_tokens
         for i, (prompt, text) in enumerate(zip(args.prompt, texts, strict=True)):
@@ -348,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
                       "[B,Lk] declared in [0,S)")
     plan.add_argument("--verbose", action="store_true", help="also print the whole plan")
     gen = sub.add_parser("generate", help="stream a model's continuation of a prompt "
-                         "(several prompts: generated together, greedy)")
+                         "(several prompts: generated together)")
     gen.add_argument("prompt", nargs="+")
     gen.add_argument("--max-tokens", type=positive_int, default=64)
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")

@@ -12,7 +12,8 @@ first generated token from the last prompt token's logits. The block tables and 
 are ``llm.blocks``'; K/V lives in one pool per layer of ``pool_tokens`` slots shared by
 every row, so memory follows the tokens in flight, not ``max_batch x capacity``.
 
-Sampling is greedy (argmax on the host). Out of pool blocks, a request waits (admission)
+Sampling runs on the host per request: greedy by default, or temperature / top-k / top-p
+from the request's own seeded generator. Out of pool blocks, a request waits (admission)
 or the step raises :class:`~pootvk.errors.PoolExhausted` (a running request cannot grow;
 no preemption yet).
 """
@@ -29,9 +30,10 @@ from ..errors import InvalidArgument, PoolExhausted
 from ..runtime.program import Program
 from ..vk import Device
 from .blocks import BLOCK_SIZE, BlockPool, read_map, write_map
-from .model import LlamaConfig, model_params
+from .model import LlamaConfig, default_buckets, model_params
 from .paged_model import trace_llama_paged
 from .prefix_cache import CachedSequence, PrefixCache, WeightsIdentity
+from .sampling import check_sampling, sample
 
 
 @dataclass(eq=False)
@@ -47,6 +49,15 @@ class Request:
     submitted_s: float = 0.0
     first_token_s: float | None = None  # time to first token, from submission
     eos_id: int | None = None  # generating it ends the request (it is still reported)
+    temperature: float = 0.0  # 0: greedy; else sampled (top_k, top_p) from ``rng``
+    top_k: int = 0
+    top_p: float = 1.0
+    rng: np.random.Generator | None = None
+
+    def pick(self, logits: np.ndarray) -> int:
+        """The next token from this request's logits row."""
+        return sample(logits, self.rng, temperature=self.temperature, top_k=self.top_k,
+                      top_p=self.top_p)
 
     @property
     def done(self) -> bool:
@@ -63,16 +74,16 @@ class Engine:
     identity, never a shared block)."""
 
     def __init__(self, cfg: LlamaConfig, weights: Mapping[str, np.ndarray], *,
-                 max_batch: int = 8, pool_tokens: int | None = None, chunk: int = 16,
+                 max_batch: int = 8, pool_tokens: int | None = None, chunk: int | None = None,
                  device: Device | int | str | None = None,
                  identity: WeightsIdentity | None = None, eos_id: int | None = None) -> None:
-        if max_batch < 1 or chunk < 1:
+        if max_batch < 1 or (chunk is not None and chunk < 1):
             raise InvalidArgument("max_batch/chunk", "ints >= 1", (max_batch, chunk))
         pool_tokens = max_batch * cfg.capacity if pool_tokens is None else pool_tokens
         blocks = pool_tokens // BLOCK_SIZE
         if blocks < 1:
             raise InvalidArgument("pool_tokens", f"at least {BLOCK_SIZE}", pool_tokens)
-        self.cfg, self.max_batch, self.chunk, self.keys = cfg, max_batch, chunk, cfg.capacity
+        self.cfg, self.max_batch, self.keys = cfg, max_batch, cfg.capacity
         self.pool = BlockPool(blocks)
         self.cache = PrefixCache(self.pool)
         # the cache lives and dies with this engine, whose weights never change: one identity
@@ -86,6 +97,10 @@ class Engine:
             self.decode.close()
             raise
         self._slots = slots
+        # default: the model's largest prefill bucket for the device (64 on a GPU; 8 on a CPU
+        # device, whose tiled GEMM is compute-bound: llm.model.default_buckets)
+        self.chunk = chunk if chunk is not None else \
+            min(max(default_buckets(self.decode.device)), 64)
         #: prefill steps by the logical keys they attend (a power of two >= the chunk's last
         #: position + 1, at most the context): a chunk's attention visits its keys, not the
         #: whole context (the mask form has no live length to stop at)
@@ -97,8 +112,12 @@ class Engine:
 
     # --- requests ---------------------------------------------------------------------------
 
-    def submit(self, prompt: Sequence[int], max_tokens: int) -> int:
-        """Queue a prompt; returns its request id."""
+    def submit(self, prompt: Sequence[int], max_tokens: int, *, temperature: float = 0.0,
+               top_k: int = 0, top_p: float = 1.0, seed: int | None = None) -> int:
+        """Queue a prompt; returns its request id. Greedy by default; with ``temperature``
+        > 0 each token is sampled (``llm.sampling.sample``: top-k, top-p) from the
+        request's own generator seeded by ``seed``."""
+        check_sampling(temperature, top_k, top_p)
         prompt = [int(t) for t in prompt]
         if not prompt or max_tokens < 1:
             raise InvalidArgument("prompt/max_tokens", "a non-empty prompt, max_tokens >= 1",
@@ -107,7 +126,8 @@ class Engine:
             raise InvalidArgument("prompt", f"prompt + max_tokens <= {self.keys} positions",
                                   len(prompt) + max_tokens)
         r = Request(self._next_id, prompt, max_tokens, submitted_s=time.perf_counter(),
-                    eos_id=self.eos_id)
+                    eos_id=self.eos_id, temperature=temperature, top_k=top_k, top_p=top_p,
+                    rng=np.random.default_rng(seed))
         self._next_id += 1
         self.waiting.append(r)
         return r.id
@@ -163,7 +183,7 @@ class Engine:
             self.cache.commit(seq, p0 + n)
         if logits is None:  # open() keeps the last prompt token uncached: never reached
             raise AssertionError("a prompt with nothing to prefill")
-        return int(np.argmax(logits[0]))
+        return r.pick(logits[0])
 
     def _prefill_keys(self, end: int) -> int:
         keys = max(self.chunk, 16)
@@ -212,27 +232,33 @@ class Engine:
         for r in live:
             assert r.seq is not None and r.row is not None
             self.cache.commit(r.seq)
-            tok = int(np.argmax(logits[r.row]))
+            tok = r.pick(logits[r.row])
             r.generated.append(tok)
             out.append((r.id, tok))
             if r.done:
                 self._finish(r)
         return out
 
-    def stream(self, prompts: Sequence[Sequence[int]], max_tokens: int
-               ) -> Iterator[tuple[int, int]]:
-        """Submit every prompt, then step until all are done, yielding (request id, token)
-        (ids in submission order from the first one returned)."""
-        for p in prompts:
-            self.submit(p, max_tokens)
+    def stream(self, prompts: Sequence[Sequence[int]], max_tokens: int, *,
+               temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+               seed: int | None = None) -> Iterator[tuple[int, int]]:
+        """Submit every prompt (sampling as :meth:`submit`; a ``seed`` s gives prompt i the
+        seed s + i), then step until all are done, yielding (request id, token) (ids in
+        submission order from the first one returned)."""
+        for i, p in enumerate(prompts):
+            self.submit(p, max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                        seed=None if seed is None else seed + i)
         while self.waiting or any(r is not None for r in self.rows):
             yield from self.step()
 
-    def generate(self, prompts: Sequence[Sequence[int]], max_tokens: int) -> list[list[int]]:
-        """Each prompt's generated ids (greedy), in order."""
+    def generate(self, prompts: Sequence[Sequence[int]], max_tokens: int, *,
+                 temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                 seed: int | None = None) -> list[list[int]]:
+        """Each prompt's generated ids, in order (greedy unless told: see :meth:`stream`)."""
         first = self._next_id
         outs: dict[int, list[int]] = {first + i: [] for i in range(len(prompts))}
-        for rid, tok in self.stream(prompts, max_tokens):
+        for rid, tok in self.stream(prompts, max_tokens, temperature=temperature, top_k=top_k,
+                                    top_p=top_p, seed=seed):
             outs[rid].append(tok)
         return [outs[first + i] for i in range(len(prompts))]
 

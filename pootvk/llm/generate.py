@@ -175,7 +175,7 @@ def load(model: str | os.PathLike[str] = "smollm2",
 
 class TextEngine:
     """Several prompts at once through the batched engine (``llm.engine.Engine``: paged KV,
-    continuous batching, prefix caching) with the model's tokenizer; greedy. ``stream``
+    continuous batching, prefix caching) with the model's tokenizer. ``stream``
     yields ``(prompt index, text piece)`` as each request produces it, ``generate`` returns
     the texts (prompts not included)."""
 
@@ -183,10 +183,15 @@ class TextEngine:
         self.engine, self.tokenizer, self.name = engine, tokenizer, name
         self.generated_tokens = 0  # of the last stream/generate call (end-of-text not counted)
 
-    def stream(self, prompts: Sequence[str], max_tokens: int = 64, *, chat: bool = False
-               ) -> Iterator[tuple[int, str]]:
+    def stream(self, prompts: Sequence[str], max_tokens: int = 64, *, chat: bool = False,
+               temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+               seed: int | None = None) -> Iterator[tuple[int, str]]:
+        """(prompt index, text piece) as the requests produce them; sampling as
+        ``Engine.submit`` (a ``seed`` s gives prompt i the seed s + i)."""
         ids = [encode_prompt(self.tokenizer, p, chat) for p in prompts]
-        index = {self.engine.submit(x, max_tokens): i for i, x in enumerate(ids)}
+        index = {self.engine.submit(x, max_tokens, temperature=temperature, top_k=top_k,
+                                    top_p=top_p, seed=None if seed is None else seed + i): i
+                 for i, x in enumerate(ids)}
         got: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
         shown = dict.fromkeys(range(len(prompts)), "")
         eos = self.tokenizer.eos_id
@@ -203,10 +208,12 @@ class TextEngine:
                     yield i, text[len(shown[i]):]
                     shown[i] = text
 
-    def generate(self, prompts: Sequence[str], max_tokens: int = 64, *,
-                 chat: bool = False) -> list[str]:
+    def generate(self, prompts: Sequence[str], max_tokens: int = 64, *, chat: bool = False,
+                 temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                 seed: int | None = None) -> list[str]:
         out = [""] * len(prompts)
-        for i, piece in self.stream(prompts, max_tokens, chat=chat):
+        for i, piece in self.stream(prompts, max_tokens, chat=chat, temperature=temperature,
+                                    top_k=top_k, top_p=top_p, seed=seed):
             out[i] += piece
         return out
 
@@ -222,7 +229,7 @@ class TextEngine:
 
 def load_engine(model: str | os.PathLike[str] = "smollm2",
                 device: Device | int | str | None = None, *, context: int = DEFAULT_CONTEXT,
-                max_batch: int = 8, pool_tokens: int | None = None, chunk: int = 64,
+                max_batch: int = 8, pool_tokens: int | None = None, chunk: int | None = None,
                 weight_dtype: str = "float16", kv_dtype: str = "float32",
                 progress: Progress | None = None) -> TextEngine:
     """``load``'s model as a batched :class:`TextEngine` of ``max_batch`` rows, ``context``

@@ -57,3 +57,27 @@ def test_bad_requests_are_refused(device):
             eng.submit([], 4)
         with pytest.raises(InvalidArgument, match="positions"):
             eng.submit([1] * 60, 8)  # 68 positions past the 64-key context
+
+
+def test_sampled_requests_draw_from_their_own_seeded_generators(device):
+    """temperature / top-k / top-p per request, each from its own generator (seed s + i):
+    two prompts sampled together give what each gives sampled alone from the fixed-capacity
+    oracle's logits with the same generator, and a seed repeats its tokens."""
+    from pootvk.llm.sampling import sample
+
+    def alone_sampled(prompt, steps, seed):
+        rng = np.random.default_rng(seed)
+        m, out = OracleLlama(CFG, WEIGHTS), []
+        logits = m.prefill(prompt)
+        for _ in range(steps):
+            out.append(sample(logits, rng, temperature=3.0, top_k=40, top_p=0.95))
+            logits = m.step(out[-1])
+        return out
+
+    kw = {"temperature": 3.0, "top_k": 40, "top_p": 0.95, "seed": 7}
+    with Engine(CFG, WEIGHTS, max_batch=2, pool_tokens=160, chunk=8, device=device) as eng:
+        got = eng.generate(PROMPTS[:2], 8, **kw)
+        again = eng.generate(PROMPTS[:2], 8, **kw)
+    assert got == again
+    assert got == [alone_sampled(p, 8, 7 + i) for i, p in enumerate(PROMPTS[:2])]
+    assert got != [alone(p, 8) for p in PROMPTS[:2]]  # sampled, not greedy
