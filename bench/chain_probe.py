@@ -19,7 +19,6 @@ Each output is checked against float64 numpy first.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -28,13 +27,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pootvk.access import Access  # noqa: E402
-from pootvk.benchmark import SmClock, warm_for  # noqa: E402
+from pootvk.benchmark import SmClock, time_dispatches  # noqa: E402
 from pootvk.ir import F16, F32  # noqa: E402
 from pootvk.ops import Builder  # noqa: E402
 from pootvk.runtime import build_replay, resolve_device  # noqa: E402
 from pootvk.shaders.compiler import compile_glsl  # noqa: E402
 from pootvk.shaders.readbw import READ_WG, generate_read  # noqa: E402
-from pootvk.vk import BufferRange, Dispatch, Recorder  # noqa: E402
+from pootvk.vk import BufferRange, Dispatch  # noqa: E402
 
 SHAPES = ((1536, 576), (576, 1536))  # W [N, K]: 576 -> 1536, then 1536 -> 576
 
@@ -118,21 +117,12 @@ def main(argv: list[str] | None = None) -> int:
                                 access=(Access.READ, Access.WRITE)))
                     cases.append((f"prefetch+{ahead}", seq))
             for name, seq in cases:
-                rec = Recorder(device).record(seq, timestamps="bounds", program_order=True)
-                try:
-                    warm_for(lambda r=rec: r.submit(wait=True), a.warm)
-                    mhz = clock.sm_mhz()
-                    ts = []
-                    for _ in range(a.reps):
-                        rec.submit(wait=True)
-                        ts.append(rec.gpu_time_ns())
-                finally:
-                    rec.destroy()
-                med = statistics.median(ts) / 1e3
+                med, mhz, barriers = time_dispatches(device, seq, warm_s=a.warm, reps=a.reps,
+                                                     clock=clock, program_order=True)
                 mb = (a.links * sum(wbytes) / 2 if distinct else sum(wbytes)) / 1e6
                 print(f"{name:12s} links {a.links:4d}  weights {mb:7.1f} MB  "
                       f"step {med:9.1f} us  per link {med / a.links:6.2f} us  "
-                      f"barriers {rec.barriers}  nse {err:.1e}  SM {mhz} MHz", flush=True)
+                      f"barriers {barriers}  nse {err:.1e}  SM {mhz} MHz", flush=True)
             if distinct:
                 dst.destroy()
         finally:

@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
 from pathlib import Path
 
@@ -56,8 +55,8 @@ from pootvk.benchmark import (  # noqa: E402
     SmClock,
     read_ceiling,
     time_cuda_graph,
+    time_dispatches,
     torch_available,
-    warm_for,
 )
 from pootvk.ir import F16, F32  # noqa: E402
 from pootvk.ops import Builder  # noqa: E402
@@ -119,17 +118,9 @@ def nse(got: np.ndarray, ref: np.ndarray) -> float:
 
 
 def _time(device, dispatches, warm_s, reps, clock):
-    rec = Recorder(device).record(dispatches, timestamps=True)
-    try:
-        warm_for(lambda: rec.submit(wait=True), warm_s)
-        mhz = clock.sm_mhz()
-        times = []
-        for _ in range(reps):
-            rec.submit(wait=True)
-            times.append(rec.gpu_time_ns())
-    finally:
-        rec.destroy()
-    return statistics.median(times) / 1e3, mhz
+    us, mhz, _ = time_dispatches(device, dispatches, warm_s=warm_s, reps=reps, clock=clock,
+                                 timestamps=True)
+    return us, mhz
 
 
 class Case:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -23,12 +22,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pootvk.benchmark import SmClock, read_ceiling, warm_for  # noqa: E402
+from pootvk.benchmark import SmClock, read_ceiling, time_dispatches  # noqa: E402
 from pootvk.ir import F16, F32  # noqa: E402
 from pootvk.ops import Builder  # noqa: E402
 from pootvk.plan import MatMulRequest, forced_matmul  # noqa: E402
 from pootvk.runtime import build_replay, resolve_device  # noqa: E402
-from pootvk.vk import Recorder  # noqa: E402
 
 EPS = 1e-5
 
@@ -91,17 +89,8 @@ def main(argv: list[str] | None = None) -> int:
                 err = float(((y - ref) ** 2).sum() / (ref**2).sum())
                 assert err < 5e-4, (name, err)
                 mm = [kn.request for kn in rp.plan.kernels if isinstance(kn.request, MatMulRequest)]
-                rec = Recorder(device).record(list(rp.recording.dispatches), timestamps="bounds")
-                try:
-                    warm_for(lambda r=rec: r.submit(wait=True), a.warm)
-                    mhz = clock.sm_mhz()
-                    ts = []
-                    for _ in range(a.reps):
-                        rec.submit(wait=True)
-                        ts.append(rec.gpu_time_ns())
-                finally:
-                    rec.destroy()
-                us = statistics.median(ts) / 1e3
+                us, mhz, _ = time_dispatches(device, list(rp.recording.dispatches),
+                                             warm_s=a.warm, reps=a.reps, clock=clock)
                 frac = w.nbytes / (us * 1e-6) / (ceiling.gbps * 1e9)
                 r = mm[0]
                 print(f"K={k} N={n} W {w.nbytes / 1e6:.1f} MB  {name:28s} "

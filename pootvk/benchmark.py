@@ -220,6 +220,26 @@ def warm_for(fn, seconds: float) -> int:
             return n
 
 
+def time_dispatches(device: Device, dispatches: list[Dispatch], *, warm_s: float, reps: int,
+                    clock: SmClock, timestamps: Any = "bounds",
+                    program_order: bool | None = None) -> tuple[float, int | None, int]:
+    """Record ``dispatches`` once, run them back to back for ``warm_s`` s (the GPU clocks
+    up), then submit ``reps`` times: the median GPU time in us (first to last timestamp),
+    the SM clock read after the warm-up, and the recording's barrier count."""
+    rec = Recorder(device).record(dispatches, timestamps=timestamps,
+                                  program_order=program_order)
+    try:
+        warm_for(lambda: rec.submit(wait=True), warm_s)
+        mhz = clock.sm_mhz()
+        times = []
+        for _ in range(reps):
+            rec.submit(wait=True)
+            times.append(rec.gpu_time_ns())
+        return statistics.median(times) / 1e3, mhz, rec.barriers
+    finally:
+        rec.destroy()
+
+
 # --- results -------------------------------------------------------------------------------------
 
 
