@@ -120,3 +120,17 @@ def planned_requests(plan) -> list:
 
     return [p for k in plan.kernels
             for p in (k.request.parts if isinstance(k.request, GroupRequest) else (k.request,))]
+
+
+def load_bench(name: str):
+    """``bench/<name>.py`` as a module (the benchmarks are scripts, not a package), so a
+    test can call its ``main`` with the CI device."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+    assert spec is not None and spec.loader is not None, path
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

@@ -1,17 +1,13 @@
 """bench/gemv.py runs on the CI device (a quick smoke run): every case checked against
 float64 numpy, the table printed, a tune variant timed."""
 
-import importlib.util
 import json
-from pathlib import Path
+
+from tests.helpers import load_bench
 
 
 def _bench():
-    path = Path(__file__).resolve().parent.parent / "bench" / "gemv.py"
-    spec = importlib.util.spec_from_file_location("bench_gemv", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("gemv")
 
 
 def test_gemv_bench_quick(tmp_path, capsys, device):

@@ -2,17 +2,13 @@
 paged grouped kernels over the same keys (blocks shuffled over the pool), each checked
 against float64, the comparison table printed."""
 
-import importlib.util
 import json
-from pathlib import Path
+
+from tests.helpers import load_bench
 
 
 def _bench():
-    path = Path(__file__).resolve().parent.parent / "bench" / "decode_probe.py"
-    spec = importlib.util.spec_from_file_location("bench_decode_probe", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("decode_probe")
 
 
 def test_decode_probe_paged_quick(tmp_path, capsys, device):

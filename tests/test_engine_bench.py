@@ -2,17 +2,13 @@
 time generate the same tokens, the pool holds less than fixed-capacity rows, and a request
 whose 32-token prefix is cached generates what a cold engine generates."""
 
-import importlib.util
 import re
-from pathlib import Path
+
+from tests.helpers import load_bench
 
 
 def test_engine_bench_quick(capsys, device):
-    path = Path(__file__).resolve().parent.parent / "bench" / "engine.py"
-    spec = importlib.util.spec_from_file_location("bench_engine", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    rc = mod.main(["--quick"])
+    rc = load_bench("engine").main(["--quick"])
     text = capsys.readouterr().out
     assert rc == 0, text
     assert "outputs identical" in text and "equal a cold engine's" in text

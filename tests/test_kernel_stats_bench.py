@@ -2,20 +2,14 @@
 which lacks VK_KHR_pipeline_executable_properties: the table then keeps the GLSL line counts
 and names the missing extension; on a driver with it every row carries statistics)."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 from pootvk.vk.physical import PIPELINE_EXECUTABLE_EXT, pipeline_executable_info
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import load_bench
 
 
 def test_kernel_stats_quick(capsys, device, tmp_path):
-    spec = importlib.util.spec_from_file_location("kernel_stats",
-                                                  ROOT / "bench" / "kernel_stats.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_bench("kernel_stats")
     out_json = tmp_path / "stats.json"
     assert mod.main(["--quick", "--json", str(out_json)]) == 0
     out = capsys.readouterr().out

@@ -1,17 +1,13 @@
 """bench/mla_decode.py --quick runs as the lead will run it on the GPU (here on lavapipe):
 every measured schedule checked against float64, bytes counted as k + k_shared + v."""
 
-import importlib.util
 import json
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import load_bench
 
 
 def test_mla_bench_quick(capsys, device, tmp_path):
-    spec = importlib.util.spec_from_file_location("mla_decode", ROOT / "bench" / "mla_decode.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_bench("mla_decode")
     out_json = tmp_path / "mla.json"
     assert mod.main(["--quick", "--no-sweep", "--reps", "3", "--json", str(out_json)]) == 0
     out = capsys.readouterr().out

@@ -3,18 +3,13 @@ lavapipe, a tiny random model): checked against the oracle first, every decode d
 counted in one kernel family, the families summing to the step's GPU time, decode timed in
 level order and in the plan's order with each one's barrier count."""
 
-import importlib.util
 import json
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import load_bench
 
 
 def test_model_bench_quick(capsys, device, tmp_path):
-    spec = importlib.util.spec_from_file_location("model_generate",
-                                                  ROOT / "bench" / "model_generate.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_bench("model_generate")
     out_json = tmp_path / "gen.json"
     assert mod.main(["--quick", "--orders", "level,program", "--json", str(out_json)]) == 0
     out = capsys.readouterr().out

@@ -85,13 +85,9 @@ def test_rerecord_gives_the_same_answers(device):
 
 
 def test_model_decode_bench_quick(capsys, device):
-    import importlib.util
-    from pathlib import Path
+    from tests.helpers import load_bench
 
-    path = Path(__file__).resolve().parents[2] / "bench" / "model_decode.py"
-    spec = importlib.util.spec_from_file_location("model_decode", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_bench("model_decode")
     assert mod.main(["--quick", "--steps", "3", "--warmup", "1", "--check", "2"]) == 0
     out = capsys.readouterr().out
     assert "check: 2 steps vs the oracle" in out
