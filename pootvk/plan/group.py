@@ -55,9 +55,8 @@ def group_kernels(kernels: list[Kernel], profile: DeviceProfile) -> list[Kernel]
     the binding cap allows (a lone one stays as it is); see the module doc."""
     lv = levels([touches(k) for k in kernels])
     order = sorted(range(len(kernels)), key=lambda i: (lv[i], i))
-    out: list[Kernel] = []
+    out: list[Kernel | list[Kernel]] = []  # a kernel, or the parts of a group in place
     open_: dict[int, list[Kernel]] = {}  # level -> the group being filled
-    slot: dict[int, int] = {}  # level -> its group's index in ``out``
     for i in order:
         k = kernels[i]
         if not isinstance(k.request, GROUPABLE):
@@ -67,8 +66,8 @@ def group_kernels(kernels: list[Kernel], profile: DeviceProfile) -> list[Kernel]
         if parts is not None and sum(len(p.bindings) for p in parts) + len(k.bindings) \
                 <= MAX_BINDINGS:
             parts.append(k)
-            out[slot[lv[i]]] = _group(parts, profile)
             continue
-        open_[lv[i]], slot[lv[i]] = [k], len(out)
-        out.append(k)
-    return out
+        open_[lv[i]] = [k]
+        out.append(open_[lv[i]])
+    return [x if isinstance(x, Kernel) else x[0] if len(x) == 1 else _group(x, profile)
+            for x in out]
