@@ -42,7 +42,7 @@ def run_batched(eng: Engine, prompts: list[list[int]], max_tokens: int):
         eng.submit(p, max_tokens)
     peak = 0
     t0 = time.perf_counter()
-    while eng.waiting or any(r is not None for r in eng.rows):
+    while eng.busy:
         for rid, tok in eng.step():
             outs[rid].append(tok)
         peak = max(peak, eng.pool.num_used)
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             eng.submit(p, 8)
             req = eng.waiting[-1]
             cached = eng.cache.match(req.prompt, eng.identity)[0]
-            while eng.waiting or any(r is not None for r in eng.rows):
+            while eng.busy:
                 eng.step()
             ttft.append((req.first_token_s, len(cached) * BLOCK_SIZE))
             warm_out.append(req.generated)

@@ -110,6 +110,11 @@ class Engine:
         self.waiting: list[Request] = []
         self._next_id = 0
 
+    @property
+    def busy(self) -> bool:
+        """Whether a request is waiting or running."""
+        return bool(self.waiting) or any(r is not None for r in self.rows)
+
     # --- requests ---------------------------------------------------------------------------
 
     def submit(self, prompt: Sequence[int], max_tokens: int, *, temperature: float = 0.0,
@@ -166,19 +171,19 @@ class Engine:
             pos[0, :n] = np.arange(p0, p0 + n)
             wpos = np.full((1, c), -1, np.int64)
             wpos[0, :n] = pos[0, :n]
-            visible = np.arange(self.keys)[None, :] <= pos[0, :, None]
+            keys = self._prefill_keys(p0 + n)
+            visible = np.arange(keys)[None, :] <= pos[0, :, None]
             visible[n:] = False  # padding tokens see nothing (their rows are ignored)
             mask = np.where(visible, 0.0, -np.inf).astype(np.float32)[None, None]
             toks = np.zeros(c, np.int32)
             toks[:n] = r.prompt[p0:p0 + n]
-            keys = self._prefill_keys(p0 + n)
             logits = self._prefill_program(keys)(
                 tokens=toks, pos=pos.reshape(-1).astype(np.int32),
                 write=write_map([seq.table], wpos),
                 # the table maps the whole prompt; the chunk reads its first ``keys`` slots
                 read=np.ascontiguousarray(
                     read_map([seq.table], max(keys, len(r.prompt)))[:, :keys]),
-                mask=np.ascontiguousarray(mask[..., :keys]),
+                mask=mask,
                 last=np.array([n - 1], np.int32))["logits"]
             self.cache.commit(seq, p0 + n)
         if logits is None:  # open() keeps the last prompt token uncached: never reached
@@ -248,7 +253,7 @@ class Engine:
         for i, p in enumerate(prompts):
             self.submit(p, max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                         seed=None if seed is None else seed + i)
-        while self.waiting or any(r is not None for r in self.rows):
+        while self.busy:
             yield from self.step()
 
     def generate(self, prompts: Sequence[Sequence[int]], max_tokens: int, *,

@@ -196,7 +196,7 @@ class TextEngine:
         shown = dict.fromkeys(range(len(prompts)), "")
         eos = self.tokenizer.eos_id
         self.generated_tokens = 0
-        while self.engine.waiting or any(r is not None for r in self.engine.rows):
+        while self.engine.busy:
             for rid, tok in self.engine.step():
                 i = index[rid]
                 if tok == eos:

@@ -43,7 +43,7 @@ def test_a_shared_prefix_skips_its_prefill_and_changes_nothing(device):
         eng.step()  # admits b: its prefix blocks come from the cache
         (req,) = [r for r in eng.rows if r is not None and r.id == rid]
         assert req.seq is not None and req.seq.cached_tokens == 32
-        while any(r is not None for r in eng.rows):
+        while eng.busy:
             eng.step()
         warm = req.generated
     with Engine(CFG, WEIGHTS, max_batch=2, pool_tokens=160, chunk=8, device=device) as cold:
