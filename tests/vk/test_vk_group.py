@@ -10,7 +10,7 @@ import pytest
 
 from pootvk.access import levels
 from pootvk.errors import GuardFailed
-from pootvk.ir import F16, F32, I32
+from pootvk.ir import F16, F32, I32, SlotKind
 from pootvk.ops import Builder
 from pootvk.oracle import evaluate
 from pootvk.passes import compile_graph
@@ -48,7 +48,7 @@ def run(device, c, ins, group):
     plan = plan_graph(c, device.profile, group=group)
     with Replay(device, plan, compile_plan(plan)) as rp:
         for s in c.slots:
-            if s.kind.value == "state":
+            if s.kind is SlotKind.STATE:
                 rp.set_state(s.name, ins[s.name])
         out = rp.step({k: v for k, v in ins.items() if c.slot(k).kind.per_step})
         states = {name: rp.read_state(name) for name in c.states}
