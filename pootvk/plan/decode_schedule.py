@@ -209,6 +209,15 @@ class DecodeRequest(_GroupShape):
     #: t of row b, KV head g is pool row clamp(read[b, t], 0, S - 1) * Hkv + g; S is a push
     #: constant, so one kernel serves every pool size.
     pool_slots: int = 0
+    #: tensor-core kernel (``pootvk.shaders.attention_decode_matrix``): 16 = subgroup-scope
+    #: 16x16x16 cooperative matrices (f16 operands, f32 accumulators; K, V, the query rows
+    #: and the softmax weights P as f16). Each 32-lane subgroup takes 16 keys per step
+    #: (``lanes_per_key`` = 32, ``keys_per_iter`` = 16); the query rows of a block, padded to
+    #: 16, are one matrix dimension. 0: the scalar lane-group kernel.
+    matrix: int = 0
+    #: matrix kernel: the scaled query is held as two f16 parts (hi + lo, two products per
+    #: key block), so rounding it to f16 costs no accuracy; off where workgroup memory is short
+    q_split: bool = False
 
     # --- derived ---------------------------------------------------------------------------
     @property
@@ -264,6 +273,9 @@ class DecodeRequest(_GroupShape):
     @property
     def shared_bytes(self) -> int:
         fused = self.splits if self.splits > 1 and self.fused_combine else 0
+        if self.matrix:
+            return matrix_shared_bytes(self.local_size // 32, self.dk, self.rows_per_wg,
+                                       self.q_split, fused)
         return decode_shared_bytes(self.local_size, self.lanes_per_key, self.keys_per_iter,
                                    self.rows_per_wg, self.dv, self.subgroup, fused)
 
@@ -327,6 +339,8 @@ class DecodeRequest(_GroupShape):
             f"{'' if self.dot_reduce == _DEFAULT_DOT_REDUCE else self.dot_reduce + ' '}"
             f"{'' if self.lazy_rescale == _DEFAULT_LAZY else _LAZY_TAG[self.lazy_rescale]}"
             f"{f'min_chunk={self.min_chunk} ' if self.min_chunk else ''}"
+            f"{f'coopmat{self.matrix} ' if self.matrix else ''}"
+            f"{'qsplit ' if self.q_split else ''}"
             f"grid={self.grid[0]}x{self.grid[1]}"
         )
 
@@ -382,6 +396,22 @@ def decode_shared_bytes(local_size: int, lanes_per_key: int, keys_per_iter: int,
         * local_size * 4
     combine = 4 * (2 * rows * fused_splits + rows) if fused_splits else 0
     return fold + red + combine + LAST_FLAG_BYTES
+
+
+def matrix_shared_bytes(subgroups: int, dk: int, rows: int, q_split: bool,
+                        fused_splits: int = 0) -> int:
+    """Workgroup memory of the matrix kernel: the block's query rows padded to 16 as f16
+    (twice with ``q_split``), one step's scores (16 keys x 16 rows f32 per subgroup) and
+    weights (16 rows x the step's keys, f16), the rows' rescale factors and final (m, l), one
+    16x16 f32 tile and one 16x16 f16 tile per subgroup (accumulator round trips, the
+    zero-padded last value block), the arrival flag and the fused combine's weights."""
+    tile = 16 * subgroups
+    q = 16 * dk * 2 * (2 if q_split else 1)
+    scores = tile * 16 * 4 + 16 * tile * 2
+    rows16 = 16 * 4 * 3  # sAl, sM, sL
+    per_sg = subgroups * (256 * 4 + 256 * 2)
+    combine = 4 * (2 * rows * fused_splits + rows) if fused_splits else 0
+    return q + scores + rows16 + per_sg + combine + LAST_FLAG_BYTES
 
 
 LAST_FLAG_BYTES = 4  # shared uint s_last of the fused combine
@@ -461,6 +491,14 @@ def choose_decode_schedule(
     subgroup) for measurements; the result is checked like any other request.
     """
     ov = dict(overrides or {})
+    matrix = ov.pop("matrix", None)
+    if matrix is None:
+        matrix = MATRIX if matrix_supported(p, profile, has_subgroup_shuffle) else 0
+    elif int(matrix) and not matrix_supported(p, profile, has_subgroup_shuffle):
+        raise ShapeError(f"decode schedule: the matrix kernel cannot serve {p} on "
+                         f"{profile.name} (see matrix_supported)")
+    if int(matrix):
+        return _choose_matrix(p, profile, force_splits, max_splits, ov)
     ov_keys = frozenset(ov)
     bytes_ = kv_itemsize(p.kv_dtype)
     widths = (*p.key_widths, p.dv)  # every stored row width (a load never straddles two)
@@ -639,6 +677,9 @@ def check_request(r: DecodeRequest) -> None:
     def bad(why: str) -> ShapeError:
         return ShapeError(f"decode schedule: {why}: {r.describe()}")
 
+    if r.matrix:
+        _check_matrix(r, bad)
+        return
     lk = r.lanes_per_key
     if lk < 1 or lk & (lk - 1):
         raise bad("lanes_per_key must be a power of two")
@@ -662,3 +703,102 @@ def check_request(r: DecodeRequest) -> None:
         raise bad("min_chunk needs a fused split (and is >= 0)")
     if r.pool_slots < 0 or (r.pool_slots and r.dk_shared):
         raise bad("a key is dense, split or paged (pool_slots with dk_shared)")
+
+
+def _check_matrix(r: DecodeRequest, bad) -> None:
+    """The matrix kernel's own constraints (see DecodeRequest.matrix)."""
+    if r.matrix != 16:
+        raise bad("matrix must be 0 or 16")
+    if r.kv_dtype != "f16" or r.paged:
+        raise bad("the matrix kernel reads dense f16 K/V")
+    if any(w % 16 for w in (*r.key_widths, r.dv)):
+        raise bad("the matrix kernel needs head widths that are multiples of 16")
+    if r.lk % 16 or r.lk < 16:
+        raise bad("the matrix kernel needs a key count (capacity) that is a multiple of 16")
+    if not 1 <= r.rows_per_wg <= 16 or r.group_rows % r.rows_per_wg:
+        raise bad("the matrix kernel serves 1..16 query rows per workgroup, dividing the group")
+    if r.local_size % 32 or r.lanes_per_key != 32 or r.keys_per_iter != 16 or not r.subgroup:
+        raise bad("the matrix kernel takes 16 keys per 32-lane subgroup step")
+    if r.splits < 1 or (r.min_chunk and not (r.splits > 1 and r.fused_combine)):
+        raise bad("splits >= 1; min_chunk needs a fused split")
+
+
+#: The cooperative-matrix shape the matrix kernel is written for (VK_KHR_cooperative_matrix
+#: properties as ``pootvk.vk.physical.cooperative_matrix_shapes`` lists them).
+COOPMAT_SHAPE = "16x16x16 f16 f16 f32 f32"
+MATRIX = 16
+#: Subgroups per matrix workgroup (each takes 16 keys per step).
+MATRIX_SUBGROUPS = 4
+#: Registers (32-bit) a lane may spend on in-flight K/V blocks and the accumulators before
+#: the matrix kernel stops prefetching (a 16x16 f16 block is 4 registers a lane, an f32
+#: accumulator 8): D=128 prefetches (112), the MLA shape (Dk 576, Dv 512) does not.
+MATRIX_PREFETCH_REGS = 160
+
+
+def matrix_supported(p: DecodeProblem, profile: DeviceProfile, has_subgroup_shuffle: bool) -> bool:
+    """Whether the tensor-core kernel can serve ``p`` on ``profile``: the device lists the
+    16x16x16 f16 -> f32 cooperative matrix (VK_KHR_cooperative_matrix), 32-lane subgroups
+    with shuffles, f16 arithmetic and 16-bit storage; dense f16 K/V whose widths are
+    multiples of 16; a capacity that is a multiple of 16 (every 16-key block it reads stays
+    inside the buffers)."""
+    ex = profile.extra
+    return (COOPMAT_SHAPE in (ex.get("coopmat") or ()) and profile.subgroup_size == 32
+            and has_subgroup_shuffle and bool(ex.get("shader_float16"))
+            and bool(ex.get("storage_buffer_16bit")) and p.kv_dtype == "f16"
+            and not p.pool_slots and all(w % 16 == 0 for w in (*p.key_widths, p.dv))
+            and p.lk % 16 == 0 and p.lk >= 16)
+
+
+def _choose_matrix(p: DecodeProblem, profile: DeviceProfile, force_splits: int | None,
+                   max_splits: int, ov: dict) -> DecodeRequest:
+    """The matrix kernel's schedule (see DecodeRequest.matrix): rows per workgroup the
+    largest divisor of the group up to 16 (one matrix dimension), MATRIX_SUBGROUPS
+    subgroups, the query split into hi + lo f16 parts where workgroup memory allows,
+    prefetch where registers allow, splits and the fused combine as the scalar kernel's."""
+    rows = int(ov.pop("rows_per_wg", _rows_per_wg(p.group_rows, 16)))
+    nsg = int(ov.pop("local_size", 32 * MATRIX_SUBGROUPS)) // 32
+    dkt, dt = p.dk // 16, p.dv // 16
+    regs = 8 * dkt + 4 * (16 * nsg // 16) * -(-dt // nsg) + 8 * -(-dt // nsg)
+    prefetch = bool(ov.pop("prefetch", regs <= MATRIX_PREFETCH_REGS))
+    q_split = ov.pop("q_split", None)
+    fused_override = ov.pop("fused_combine", None)
+    min_chunk_override = ov.pop("min_chunk", None)
+    if ov:
+        raise TypeError(f"unknown matrix schedule overrides: {sorted(ov)}")
+    if q_split is None:
+        q_split = matrix_shared_bytes(nsg, p.dk, rows, True, MAX_SPLITS) <= \
+            profile.max_workgroup_memory
+    blocks = p.group_rows // rows
+    tile = 16 * nsg
+    splits = max(1, int(force_splits)) if force_splits is not None else \
+        default_splits(p, profile, blocks, tile, max_splits)
+    out_rows = p.b * p.hq * p.lq
+    if splits > 1 and out_rows * splits * (p.dv + 2) * 4 > profile.max_storage_buffer_range:
+        if force_splits is not None:
+            raise ScratchBytes(out_rows * splits * (p.dv + 2) * 4,
+                               profile.max_storage_buffer_range)
+        splits = 1
+    groups = p.b * p.hkv * blocks * splits
+    cu = profile.compute_units
+    fused = (groups <= WAVES_PER_CU * cu and splits <= MAX_SPLITS) if cu else True
+    if fused_override is not None:
+        fused = bool(fused_override)
+    min_chunk = MIN_CHUNK if fused and splits > 1 and force_splits is None else 0
+    if min_chunk_override is not None:
+        min_chunk = int(min_chunk_override)
+    r = DecodeRequest(
+        b=p.b, hq=p.hq, hkv=p.hkv, lq=p.lq, lk=p.lk, dk=p.dk, dv=p.dv, scale=float(p.scale),
+        softcap=None if p.softcap is None else float(p.softcap), mask=p.mask,
+        kv_dtype=p.kv_dtype, live_len=p.live_len, splits=splits, rows_per_wg=rows,
+        lanes_per_key=32, local_size=32 * nsg, keys_per_iter=16, load_elems=8, subgroup=True,
+        grid=fold_grid(groups, profile.max_grid),
+        combine_grid=fold_grid(-(-out_rows * p.dv // COMBINE_LOCAL), profile.max_grid),
+        prefetch=prefetch, fused_combine=fused, dk_shared=p.dk_shared, min_chunk=min_chunk,
+        matrix=MATRIX, q_split=bool(q_split),
+    )
+    if r.fused_combine and r.splits > 1 and r.shared_bytes > profile.max_workgroup_memory:
+        r = replace(r, fused_combine=False, min_chunk=0)
+    if r.shared_bytes > profile.max_workgroup_memory:
+        raise AttentionLds(p.dv, r.shared_bytes, profile.max_workgroup_memory)
+    check_request(r)
+    return r

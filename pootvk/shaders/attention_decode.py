@@ -134,6 +134,10 @@ def _scatter_gather(names: list[str], lanes: int, emit) -> None:
 
 @generators.register(DecodeRequest)
 def generate_decode_partial(r: DecodeRequest) -> str:
+    if r.matrix:
+        from .attention_decode_matrix import generate_decode_matrix
+
+        return generate_decode_matrix(r)
     check_request(r)
     W = r.vec
     vt = "vec4" if W == 4 else "float"
@@ -510,60 +514,7 @@ def generate_decode_partial(r: DecodeRequest) -> str:
         emit("}")
 
     if fused:
-        # The last workgroup of this (batch, KV head, row block) to finish combines every
-        # split's partial (threadfence-reduction pattern: partials are coherent, each
-        # workgroup orders its writes before its arrival, the last one resets the counter).
-        emit("if (nact == 1u) return;  // written above: no partial to combine")
-        emit("memoryBarrierBuffer();")
-        emit("barrier();")
-        emit("if (gl_LocalInvocationIndex == 0u) {")
-        emit("uint prev = atomicAdd(counter[rest], 1u);", 2)
-        emit("s_last = (prev == nact - 1u) ? 1u : 0u;  // the last active split", 2)
-        emit("}")
-        emit("barrier();")
-        emit("if (s_last == 0u) return;")
-        emit("memoryBarrierBuffer();")
-        # Each (row, split)'s max and sum are read once into workgroup memory, each row's
-        # weights exp(m_u - M) and denominator computed once, then every output element
-        # sums its splits' accumulators with them: one global load per (element, split)
-        # and no dependent chain of loads per element (H200, (1,32,8,4096) F32: the
-        # per-element loops cost the fused combine ~6 us over the partial).
-        emit(f"for (uint id = lane; id < {R}u * nact; id += {WG}u) {{")
-        emit("uint rr = id / nact;", 2)
-        emit("uint u = id % nact;", 2)
-        emit(f"uint pb = (bg * {r.group_rows}u + rbase + rr) * {r.splits * (r.dv + 2)}u"
-             f" + u * {r.dv + 2}u;", 2)
-        emit(f"s_cw[rr * {r.splits}u + u] = part[pb + {r.dv}u];", 2)
-        emit(f"s_cl[rr * {r.splits}u + u] = part[pb + {r.dv + 1}u];", 2)
-        emit("}")
-        emit("barrier();")
-        emit(f"if (lane < {R}u) {{")
-        emit(f"uint cb = lane * {r.splits}u;", 2)
-        emit("float M = NEG_INF;", 2)
-        emit("for (uint u = 0u; u < nact; ++u) M = max(M, s_cw[cb + u]);", 2)
-        emit("float den = 0.0;", 2)
-        emit("for (uint u = 0u; u < nact; ++u) {", 2)
-        emit("float mu = s_cw[cb + u];", 3)
-        emit("float w = (mu == NEG_INF) ? 0.0 : exp(mu - M);", 3)
-        emit("float lp = s_cl[cb + u];", 3)
-        emit("den += isnan(lp) ? lp : w * lp;", 3)
-        emit("s_cw[cb + u] = w;", 3)
-        emit("}", 2)
-        emit("s_cden[lane] = den;", 2)
-        emit("}")
-        emit("barrier();")
-        emit(f"for (uint id = lane; id < {R * r.dv}u; id += {WG}u) {{")
-        emit(f"uint rr = id / {r.dv}u;", 2)
-        emit(f"uint orow = bg * {r.group_rows}u + rbase + rr;", 2)
-        emit(f"uint c = id % {r.dv}u;", 2)
-        emit(f"uint base = orow * {r.splits * (r.dv + 2)}u + c;", 2)
-        emit(f"uint cb = rr * {r.splits}u;", 2)
-        emit("float acc = 0.0;", 2)
-        emit("for (uint u = 0u; u < nact; ++u) "
-             f"acc += s_cw[cb + u] * part[base + u * {r.dv + 2}u];", 2)
-        emit(f"dst[orow * {r.dv}u + c] = acc / s_cden[rr];  // no key seen: 0/0 = NaN", 2)
-        emit("}")
-        emit("if (gl_LocalInvocationIndex == 0u) counter[rest] = 0u;  // ready for the next replay")
+        emit_fused_combine(r, emit, "lane")
 
     consts = [
         "layout(push_constant) uniform Push { uint lk; uint slots; } pc;  // keys, pool slots"
@@ -582,6 +533,68 @@ def generate_decode_partial(r: DecodeRequest) -> str:
         + "".join(binds) + "\n".join(consts) + "\n" + "\n".join(shared) + "\n" + helpers
         + "\nvoid main() {\n" + "\n".join(L) + "\n}\n"
     )
+
+
+def emit_fused_combine(r: DecodeRequest, emit, lane: str) -> None:
+    """The fused combine's tail of a split partial kernel (scalar and matrix alike): the
+    last workgroup of a (batch row, KV head, row block) to arrive folds every split's
+    partial. Expects ``nact``, ``rest``, ``bg``, ``rbase`` and the shared ``s_last``,
+    ``s_cw``, ``s_cl``, ``s_cden``; ``lane`` is the invocation's index in the workgroup."""
+    R, WG = r.rows_per_wg, r.local_size
+    # The last workgroup of this (batch, KV head, row block) to finish combines every
+    # split's partial (threadfence-reduction pattern: partials are coherent, each
+    # workgroup orders its writes before its arrival, the last one resets the counter).
+    emit("if (nact == 1u) return;  // written above: no partial to combine")
+    emit("memoryBarrierBuffer();")
+    emit("barrier();")
+    emit("if (gl_LocalInvocationIndex == 0u) {")
+    emit("uint prev = atomicAdd(counter[rest], 1u);", 2)
+    emit("s_last = (prev == nact - 1u) ? 1u : 0u;  // the last active split", 2)
+    emit("}")
+    emit("barrier();")
+    emit("if (s_last == 0u) return;")
+    emit("memoryBarrierBuffer();")
+    # Each (row, split)'s max and sum are read once into workgroup memory, each row's
+    # weights exp(m_u - M) and denominator computed once, then every output element
+    # sums its splits' accumulators with them: one global load per (element, split)
+    # and no dependent chain of loads per element (H200, (1,32,8,4096) F32: the
+    # per-element loops cost the fused combine ~6 us over the partial).
+    emit(f"for (uint id = {lane}; id < {R}u * nact; id += {WG}u) {{")
+    emit("uint rr = id / nact;", 2)
+    emit("uint u = id % nact;", 2)
+    emit(f"uint pb = (bg * {r.group_rows}u + rbase + rr) * {r.splits * (r.dv + 2)}u"
+         f" + u * {r.dv + 2}u;", 2)
+    emit(f"s_cw[rr * {r.splits}u + u] = part[pb + {r.dv}u];", 2)
+    emit(f"s_cl[rr * {r.splits}u + u] = part[pb + {r.dv + 1}u];", 2)
+    emit("}")
+    emit("barrier();")
+    emit(f"if ({lane} < {R}u) {{")
+    emit(f"uint cb = {lane} * {r.splits}u;", 2)
+    emit("float M = NEG_INF;", 2)
+    emit("for (uint u = 0u; u < nact; ++u) M = max(M, s_cw[cb + u]);", 2)
+    emit("float den = 0.0;", 2)
+    emit("for (uint u = 0u; u < nact; ++u) {", 2)
+    emit("float mu = s_cw[cb + u];", 3)
+    emit("float w = (mu == NEG_INF) ? 0.0 : exp(mu - M);", 3)
+    emit("float lp = s_cl[cb + u];", 3)
+    emit("den += isnan(lp) ? lp : w * lp;", 3)
+    emit("s_cw[cb + u] = w;", 3)
+    emit("}", 2)
+    emit(f"s_cden[{lane}] = den;", 2)
+    emit("}")
+    emit("barrier();")
+    emit(f"for (uint id = {lane}; id < {R * r.dv}u; id += {WG}u) {{")
+    emit(f"uint rr = id / {r.dv}u;", 2)
+    emit(f"uint orow = bg * {r.group_rows}u + rbase + rr;", 2)
+    emit(f"uint c = id % {r.dv}u;", 2)
+    emit(f"uint base = orow * {r.splits * (r.dv + 2)}u + c;", 2)
+    emit(f"uint cb = rr * {r.splits}u;", 2)
+    emit("float acc = 0.0;", 2)
+    emit("for (uint u = 0u; u < nact; ++u) "
+         f"acc += s_cw[cb + u] * part[base + u * {r.dv + 2}u];", 2)
+    emit(f"dst[orow * {r.dv}u + c] = acc / s_cden[rr];  // no key seen: 0/0 = NaN", 2)
+    emit("}")
+    emit("if (gl_LocalInvocationIndex == 0u) counter[rest] = 0u;  // ready for the next replay")
 
 
 def generate_decode_combine(r: DecodeRequest) -> str:

@@ -26,6 +26,7 @@ from .instance import call, instance, live_devices
 from .memory import Buffer, MemoryTypes
 from .owned import Owned
 from .physical import (
+    COOPMAT_EXT,
     PIPELINE_EXECUTABLE_EXT,
     PhysicalDeviceInfo,
     physical_devices,
@@ -142,6 +143,19 @@ class Device:
             keep.append(pe)
             nxt = pe
         exts: list[str] = []
+        if extra.get("coopmat"):
+            # the tensor-core decode kernels (GL_KHR_cooperative_matrix)
+            cm = ffi.new(
+                "VkPhysicalDeviceCooperativeMatrixFeaturesKHR*",
+                {
+                    "sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR,
+                    "pNext": nxt,
+                    "cooperativeMatrix": 1,
+                },
+            )
+            keep.append(cm)
+            nxt = cm
+            exts.append(COOPMAT_EXT)
         if self.pipeline_executable_info:
             exts.append(PIPELINE_EXECUTABLE_EXT)
         if (

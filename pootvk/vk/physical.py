@@ -108,6 +108,54 @@ def pipeline_executable_info(handle: Any, exts: frozenset[str]) -> bool:
     return bool(chain[1].pipelineExecutableInfo)
 
 
+COOPMAT_EXT = "VK_KHR_cooperative_matrix"
+_COMPONENT = {
+    vk.VK_COMPONENT_TYPE_FLOAT16_KHR: "f16",
+    vk.VK_COMPONENT_TYPE_FLOAT32_KHR: "f32",
+}
+
+
+def cooperative_matrix_shapes(handle: Any, exts: frozenset[str]) -> list[str]:
+    """The subgroup-scope cooperative-matrix shapes of VK_KHR_cooperative_matrix with float
+    operands, as ``"MxNxK A B C R"`` strings (e.g. ``"16x16x16 f16 f16 f32 f32"``); empty when
+    the extension or its cooperativeMatrix feature is missing. The decode planner picks its
+    tensor-core kernel from these (``pootvk.plan.decode_schedule.COOPMAT_SHAPE``)."""
+    if COOPMAT_EXT not in exts:
+        return []
+    chain = _chain(
+        ("VkPhysicalDeviceFeatures2", vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, {}),
+        (
+            "VkPhysicalDeviceCooperativeMatrixFeaturesKHR",
+            vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR,
+            {},
+        ),
+    )
+    vk.lib.vkGetPhysicalDeviceFeatures2(handle, chain[0])
+    if not chain[1].cooperativeMatrix:
+        return []
+    name = b"vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR"
+    ptr = vk.lib.vkGetInstanceProcAddr(instance().handle, name)
+    if ptr == ffi.NULL:
+        return []
+    fn = ffi.cast("PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR", ptr)
+    count = ffi.new("uint32_t*")
+    if fn(handle, count, ffi.NULL) != vk.VK_SUCCESS or not count[0]:
+        return []
+    props = ffi.new("VkCooperativeMatrixPropertiesKHR[]", count[0])
+    for i in range(count[0]):
+        props[i].sType = vk.VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_KHR
+    if fn(handle, count, props) not in (vk.VK_SUCCESS, vk.VK_INCOMPLETE):
+        return []
+    out = []
+    for i in range(count[0]):
+        c = props[i]
+        types = [_COMPONENT.get(t) for t in (c.AType, c.BType, c.CType, c.ResultType)]
+        if None in types or c.scope != vk.VK_SCOPE_SUBGROUP_KHR or c.saturatingAccumulation:
+            continue
+        out.append(f"{c.MSize}x{c.NSize}x{c.KSize} " + " ".join(types))  # type: ignore[arg-type]
+    return sorted(set(out))
+
+
 SHUFFLE_OPS = vk.VK_SUBGROUP_FEATURE_BASIC_BIT | vk.VK_SUBGROUP_FEATURE_SHUFFLE_BIT
 
 
@@ -185,6 +233,7 @@ def query_profile(handle: Any, exts: frozenset[str]) -> DeviceProfile:
             a.shaderEngineCount * a.shaderArraysPerEngineCount * a.computeUnitsPerShaderArray
         )
     storage16, float16 = features_16bit(handle, api, exts)
+    coopmat = cooperative_matrix_shapes(handle, exts)
     name = ffi.string(p.deviceName).decode("utf-8", "replace")
     return DeviceProfile(
         name=name,
@@ -210,6 +259,7 @@ def query_profile(handle: Any, exts: frozenset[str]) -> DeviceProfile:
             "driver_info": driver_info,
             "storage_buffer_16bit": storage16,
             "shader_float16": float16,
+            **({"coopmat": coopmat} if coopmat else {}),
         },
     )
 
