@@ -406,10 +406,12 @@ def matrix_shared_bytes(subgroups: int, dk: int, rows: int, q_split: bool,
     16x16 f32 tile and one 16x16 f16 tile per subgroup (accumulator round trips, the
     zero-padded last value block), the arrival flag and the fused combine's weights."""
     tile = 16 * subgroups
-    q = 16 * dk * 2 * (2 if q_split else 1)
-    scores = tile * 16 * 4 + 16 * tile * 2
+    # every matrix row padded by 16 bytes (bank conflicts), as the generator lays them out
+    q = 16 * (dk * 2 + 16) * (2 if q_split else 1)
+    scores = tile * (16 * 4 + 16) + 16 * (tile * 2 + 16)
     rows16 = 16 * 4 * 3  # sAl, sM, sL
-    per_sg = subgroups * (256 * 4 + 256 * 2)
+    per_sg = subgroups * 16 * (16 * 2 + 16)  # the zero-padded value block (round trips reuse
+    # the score rows)
     combine = 4 * (2 * rows * fused_splits + rows) if fused_splits else 0
     return q + scores + rows16 + per_sg + combine + LAST_FLAG_BYTES
 
@@ -492,6 +494,8 @@ def choose_decode_schedule(
     """
     ov = dict(overrides or {})
     matrix = ov.pop("matrix", None)
+    if matrix is None and ov.keys() & SCALAR_ONLY:
+        matrix = 0  # overrides only the scalar kernel has: measure the scalar kernel
     if matrix is None:
         matrix = MATRIX if matrix_supported(p, profile, has_subgroup_shuffle) else 0
     elif int(matrix) and not matrix_supported(p, profile, has_subgroup_shuffle):
@@ -727,6 +731,9 @@ def _check_matrix(r: DecodeRequest, bad) -> None:
 #: properties as ``pootvk.vk.physical.cooperative_matrix_shapes`` lists them).
 COOPMAT_SHAPE = "16x16x16 f16 f16 f32 f32"
 MATRIX = 16
+#: Schedule overrides that only the scalar kernel reads.
+SCALAR_ONLY = frozenset({"lanes_per_key", "keys_per_iter", "load_elems", "subgroup",
+                         "max_rows", "f16_convert", "dot_reduce", "lazy_rescale"})
 #: Subgroups per matrix workgroup (each takes 16 keys per step).
 MATRIX_SUBGROUPS = 4
 #: Registers (32-bit) a lane may spend on in-flight K/V blocks and the accumulators before

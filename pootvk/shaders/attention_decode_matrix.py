@@ -72,10 +72,10 @@ def generate_decode_matrix(r: DecodeRequest) -> str:
         nb += 1
 
     buf("q", "float", "readonly")
-    buf("k", "float16_t", "readonly")
+    buf("k", "f16vec4", "readonly")
     if DS:
-        buf("ks", "float16_t", "readonly")
-    buf("v", "float16_t", "readonly")
+        buf("ks", "f16vec4", "readonly")
+    buf("v", "f16vec4", "readonly")
     if r.mask is not None:
         buf("mask", "float", "readonly")
     if r.live_len:
@@ -87,17 +87,22 @@ def generate_decode_matrix(r: DecodeRequest) -> str:
     assert nb == len(r.bindings())
     pdst = "part" if fused else "dst"
 
-    shared = [f"shared float16_t sQ[{16 * DK}];"]
+    # Workgroup memory in 8- and 16-byte vectors (what the matrix loads and stores move),
+    # each matrix row padded by 16 bytes so the 16 rows of a block do not share banks.
+    QS, SS, PS, OS, VS = DK // 4 + 2, 5, TILE // 4 + 2, 5, 6  # row strides in vectors
+    shared = [f"shared f16vec4 sQ[{16 * QS}];"]
     if r.q_split:
-        shared.append(f"shared float16_t sQl[{16 * DK}];")
-    shared += [f"shared float sS[{TILE * 16}];", f"shared float16_t sP[{16 * TILE}];",
+        shared.append(f"shared f16vec4 sQl[{16 * QS}];")
+    shared += [f"shared vec4 sS[{TILE * SS}];", f"shared f16vec4 sP[{16 * PS}];",
                "shared float sAl[16];", "shared float sM[16];", "shared float sL[16];",
-               f"shared float sO[{NSG * 256}];", f"shared float16_t sV[{NSG * 256}];",
+               f"shared f16vec4 sV[{NSG * 16 * VS}];",
                "shared uint s_last;"]
     if fused:
         shared += [f"shared float s_cw[{R * r.splits}];", f"shared float s_cl[{R * r.splits}];",
                    f"shared float s_cden[{R}];"]
 
+    shared.append("#define sO sS  // a subgroup's accumulator round trips reuse its score rows")
+    assert OS == SS  # (scores are consumed before any round trip, the same 16x20 floats)
     L: list[str] = []
 
     def emit(s: str, ind: int = 1) -> None:
@@ -139,17 +144,19 @@ def generate_decode_matrix(r: DecodeRequest) -> str:
         emit("uint ksrow = b * LK_CAP;  // first k_shared row of this batch row")
     emit("uint LAST = LK_CAP - 16u;  // the last key block that starts inside the buffers")
     # the block's query rows, scaled, as f16 (rows past R are zero)
-    emit(f"for (uint i = lane; i < {16 * DK}u; i += {r.local_size}u) {{")
-    emit(f"uint rr = i / {DK}u;", 2)
-    emit(f"float x = rr < {R}u ? q[(bg * {GR}u + rbase + rr) * {DK}u + i % {DK}u] * SCALE"
-         " : 0.0;", 2)
-    emit("float16_t h = float16_t(x);", 2)
-    emit("sQ[i] = h;", 2)
+    emit(f"for (uint i = lane; i < {16 * DK // 4}u; i += {r.local_size}u) {{")
+    emit(f"uint rr = i / {DK // 4}u;", 2)
+    emit(f"uint qb = (bg * {GR}u + rbase + rr) * {DK}u + i % {DK // 4}u * 4u;", 2)
+    emit(f"vec4 x = rr < {R}u ? vec4(q[qb], q[qb + 1u], q[qb + 2u], q[qb + 3u]) * SCALE"
+         " : vec4(0.0);", 2)
+    emit("f16vec4 h = f16vec4(x);", 2)
+    emit(f"sQ[rr * {QS}u + i % {DK // 4}u] = h;", 2)
     if r.q_split:
-        emit("sQl[i] = float16_t(x - float(h));  // what f16 dropped", 2)
+        emit(f"sQl[rr * {QS}u + i % {DK // 4}u] = f16vec4(x - vec4(h));  // what f16 dropped",
+             2)
     emit("}")
-    emit(f"for (uint i = lane; i < {16 * TILE}u; i += {r.local_size}u) "
-         "sP[i] = float16_t(0.0);  // rows past R stay zero")
+    emit(f"for (uint i = lane; i < {16 * PS}u; i += {r.local_size}u) "
+         "sP[i] = f16vec4(0.0);  // rows past R stay zero")
     # the softmax rows this subgroup owns
     for j in range(RJ):
         emit(f"uint sr{j} = sg + {j * NSG}u;  // a softmax row (valid when < {R})")
@@ -171,9 +178,9 @@ def generate_decode_matrix(r: DecodeRequest) -> str:
     def kload(d: int, row: str, name: str, decl: bool, ind: int) -> None:
         """K block d (16 channels) of the 16 keys starting at key row ``row``."""
         if d < DKN // 16:
-            src = f"k, (kvrow + {row}) * {DKN}u + {d * 16}u, {DKN}u"
+            src = f"k, (kvrow + {row}) * {DKN // 4}u + {d * 4}u, {DKN // 4}u"
         else:
-            src = f"ks, (ksrow + {row}) * {DS}u + {(d - DKN // 16) * 16}u, {DS}u"
+            src = f"ks, (ksrow + {row}) * {DS // 4}u + {(d - DKN // 16) * 4}u, {DS // 4}u"
         if decl:
             emit(f"{A16} {name};", ind)
         emit(f"coopMatLoad({name}, {src}, {ROW});", ind)
@@ -181,8 +188,8 @@ def generate_decode_matrix(r: DecodeRequest) -> str:
     def vload(kc: int, i: int, name: str, decl: bool, ind: int) -> None:
         if decl:
             emit(f"{B16} {name};", ind)
-        emit(f"coopMatLoad({name}, v, (kvrow + min(t0 + {kc * 16}u, LAST)) * {DV}u + c{i} * 16u,"
-             f" {DV}u, {ROW});", ind)
+        emit(f"coopMatLoad({name}, v, (kvrow + min(t0 + {kc * 16}u, LAST)) * {DV // 4}u + "
+             f"c{i} * 4u, {DV // 4}u, {ROW});", ind)
 
     if r.prefetch:
         for d in range(DKT):
@@ -202,25 +209,26 @@ def generate_decode_matrix(r: DecodeRequest) -> str:
     for d in range(DKT):
         if not r.prefetch:
             kload(d, "kt", f"kw{d}", True, 3)
-        emit(f"{{ {B16} qb; coopMatLoad(qb, sQ, {d * 16}u, {DK}u, {COL}); "
+        emit(f"{{ {B16} qb; coopMatLoad(qb, sQ, {d * 4}u, {QS}u, {COL}); "
              f"acc = coopMatMulAdd(kw{d}, qb, acc); }}", 3)
         if r.q_split:
-            emit(f"{{ {B16} qb; coopMatLoad(qb, sQl, {d * 16}u, {DK}u, {COL}); "
+            emit(f"{{ {B16} qb; coopMatLoad(qb, sQl, {d * 4}u, {QS}u, {COL}); "
                  f"acc = coopMatMulAdd(kw{d}, qb, acc); }}", 3)
-    emit("coopMatStore(acc, sS, sg * 256u, 16u, " + ROW + ");  // sS[key * 16 + row]", 3)
+    emit(f"coopMatStore(acc, sS, sg * {16 * SS}u, {SS}u, {ROW});  // key-major, rows in vec4s",
+         3)
     emit("}", 2)
     emit("barrier();", 2)
     # 2. online softmax, one subgroup per row
     for j in range(RJ):
         emit(f"if (sr{j} < {R}u) {{  // uniform over the subgroup", 2)
         for e in range(KL):
-            emit(f"uint t{e} = t0 + ln + {32 * e}u;", 3)
-            emit(f"float s{e} = sS[(ln + {32 * e}u) * 16u + sr{j}];", 3)
+            emit(f"uint tk{e} = t0 + ln + {32 * e}u;", 3)
+            emit(f"float s{e} = sS[(ln + {32 * e}u) * {SS}u + sr{j} / 4u][sr{j} % 4u];", 3)
             if r.softcap is not None:
                 emit(f"s{e} = SOFTCAP * tanh(clamp(s{e} / SOFTCAP, -15.0, 15.0));", 3)
             if r.mask is not None:
-                emit(f"s{e} += mask[mrow{j} + min(t{e}, LK_CAP - 1u)];", 3)
-            emit(f"s{e} = t{e} < k1 ? s{e} : NEG_INF;", 3)
+                emit(f"s{e} += mask[mrow{j} + min(tk{e}, LK_CAP - 1u)];", 3)
+            emit(f"s{e} = tk{e} < k1 ? s{e} : NEG_INF;", 3)
         mx = "s0"
         for e in range(1, KL):
             mx = f"max({mx}, s{e})"
@@ -232,7 +240,7 @@ def generate_decode_matrix(r: DecodeRequest) -> str:
         emit("float sum = 0.0;", 3)
         for e in range(KL):
             emit(f"float p{e} = (s{e} == NEG_INF) ? 0.0 : exp(s{e} - mn);", 3)
-            emit(f"sP[sr{j} * {TILE}u + ln + {32 * e}u] = float16_t(p{e});", 3)
+            emit(f"sP[sr{j} * {PS}u + (ln + {32 * e}u) / 4u][ln % 4u] = float16_t(p{e});", 3)
             emit(f"sum += p{e};", 3)
         emit("for (uint off = 16u; off >= 1u; off >>= 1u) sum += subgroupShuffleXor(sum, off);",
              3)
@@ -241,46 +249,57 @@ def generate_decode_matrix(r: DecodeRequest) -> str:
         emit(f"if (ln == 0u) sAl[sr{j}] = al;", 3)
         emit("}", 2)
     emit("barrier();", 2)
-    # 3. rescale the accumulators of rows whose max moved, then O += P V
+    # 3. rescale the accumulators of rows whose max moved, then O += P V. Workgroup memory
+    # moves between lanes only across workgroup barriers (a cooperative-matrix shader runs
+    # under the Vulkan memory model, where a subgroup barrier does not order these private
+    # accesses): every subgroup takes every step below, the tiles it does not own included
+    # (clamped to the last one, stored and reloaded but never multiplied into).
     emit("bool resc = false;", 2)
     emit(f"for (uint rr = 0u; rr < {R}u; ++rr) resc = resc || sAl[rr] != 1.0;", 2)
     emit("if (resc) {  // uniform over the workgroup", 2)
     for i in range(TI):
-        guard = "" if DT % NSG == 0 else f"if (sg + {i * NSG}u < {DT}u) "
-        emit(f"{guard}{{", 3)
-        emit(f"coopMatStore(o{i}, sO, sg * 256u, 16u, {ROW});", 4)
-        emit("subgroupMemoryBarrierShared(); subgroupBarrier();", 4)
-        emit("for (uint e = ln; e < 256u; e += 32u) "
-             f"if (e / 16u < {R}u) sO[sg * 256u + e] *= sAl[e / 16u];", 4)
-        emit("subgroupMemoryBarrierShared(); subgroupBarrier();", 4)
-        emit(f"coopMatLoad(o{i}, sO, sg * 256u, 16u, {ROW});", 4)
-        emit("subgroupBarrier();", 4)
-        emit("}", 3)
+        emit(f"coopMatStore(o{i}, sO, sg * {16 * OS}u, {OS}u, {ROW});", 3)
+        emit("barrier();", 3)
+        emit("for (uint e = ln; e < 64u; e += 32u) "
+             f"if (e / 4u < {R}u) sO[sg * {16 * OS}u + e / 4u * {OS}u + e % 4u] *= sAl[e / 4u];",
+             3)
+        emit("barrier();", 3)
+        emit(f"coopMatLoad(o{i}, sO, sg * {16 * OS}u, {OS}u, {ROW});", 3)
+        emit("barrier();", 3)
     emit("}", 2)
     emit("uint nkc = (min(k1, t0 + " f"{TILE}u) - t0 + 15u) / 16u;  // key blocks with a key", 2)
     emit(f"uint skc = (k1 < t0 + {TILE}u && ((k1 - t0) & 15u) != 0u) ? nkc - 1u : 99u;"
          "  // the key block straddling k1", 2)
     for kc in range(NKC):
-        emit(f"if ({kc}u < nkc) {{", 2)
+        emit(f"if ({kc}u < nkc) {{  // uniform over the workgroup", 2)
         emit(f"{A16} pa;", 3)
-        emit(f"coopMatLoad(pa, sP, {kc * 16}u, {TILE}u, {ROW});", 3)
+        emit(f"coopMatLoad(pa, sP, {kc * 4}u, {PS}u, {ROW});", 3)
+        emit(f"bool st = skc == {kc}u;  // uniform over the workgroup", 3)
+        for i in range(TI):
+            emit(f"{B16} vs{i};", 3)
+        emit("if (st) {  // V rows past k1 read as zero through workgroup memory", 3)
+        for i in range(TI):
+            emit("barrier();", 4)
+            emit("for (uint e = ln; e < 64u; e += 32u) {", 4)
+            emit(f"uint t = t0 + {kc * 16}u + e / 4u;", 5)
+            emit(f"sV[sg * {16 * VS}u + e / 4u * {VS}u + e % 4u] = t < k1 ? "
+                 f"v[(kvrow + t) * {DV // 4}u + c{i} * 4u + e % 4u] : f16vec4(0.0);", 5)
+            emit("}", 4)
+            emit("barrier();", 4)
+            emit(f"coopMatLoad(vs{i}, sV, sg * {16 * VS}u, {VS}u, {ROW});", 4)
+        emit("}", 3)
         for i in range(TI):
             guard = "" if DT % NSG == 0 else f"if (sg + {i * NSG}u < {DT}u) "
             emit(f"{guard}{{", 3)
-            name = f"vb{kc}_{i}" if r.prefetch else "vb"
-            if not r.prefetch:
-                vload(kc, i, "vb", True, 4)
-            emit(f"if (skc == {kc}u) {{  // zero the rows past k1 (uniform)", 4)
-            emit("subgroupBarrier();", 5)
-            emit("for (uint e = ln; e < 256u; e += 32u) {", 5)
-            emit(f"uint t = t0 + {kc * 16}u + e / 16u;", 6)
-            emit(f"sV[sg * 256u + e] = t < k1 ? v[(kvrow + t) * {DV}u + c{i} * 16u + e % 16u]"
-                 " : float16_t(0.0);", 6)
-            emit("}", 5)
-            emit("subgroupMemoryBarrierShared(); subgroupBarrier();", 5)
-            emit(f"coopMatLoad({name}, sV, sg * 256u, 16u, {ROW});", 5)
+            emit("if (st) {", 4)
+            emit(f"o{i} = coopMatMulAdd(pa, vs{i}, o{i});", 5)
+            emit("} else {", 4)
+            if r.prefetch:
+                emit(f"o{i} = coopMatMulAdd(pa, vb{kc}_{i}, o{i});", 5)
+            else:
+                vload(kc, i, "vb", True, 5)
+                emit(f"o{i} = coopMatMulAdd(pa, vb, o{i});", 5)
             emit("}", 4)
-            emit(f"o{i} = coopMatMulAdd(pa, {name}, o{i});", 4)
             emit("}", 3)
         emit("}", 2)
     if r.prefetch:
@@ -288,32 +307,34 @@ def generate_decode_matrix(r: DecodeRequest) -> str:
             emit(f"kw{d} = kn{d};", 2)
     emit("}")
 
-    # the rows' (m, l), then each subgroup's tiles out
+    # the rows' (m, l), then each subgroup's tiles out (every subgroup takes every barrier)
     for j in range(RJ):
         emit(f"if (sr{j} < {R}u && ln == 0u) {{ sM[sr{j}] = m{j}; sL[sr{j}] = l{j}; }}")
-    emit("barrier();")
     for i in range(TI):
-        guard = "" if DT % NSG == 0 else f"if (sg + {i * NSG}u < {DT}u) "
-        emit(f"{guard}{{")
-        emit(f"coopMatStore(o{i}, sO, sg * 256u, 16u, {ROW});", 2)
-        emit("subgroupMemoryBarrierShared(); subgroupBarrier();", 2)
-        emit("for (uint e = ln; e < 256u; e += 32u) {", 2)
-        emit("uint rr = e / 16u;", 3)
-        emit(f"if (rr >= {R}u) continue;", 3)
-        emit(f"uint orow = bg * {GR}u + rbase + rr;", 3)
-        emit(f"uint col = c{i} * 16u + e % 16u;", 3)
-        emit("float val = sO[sg * 256u + e];", 3)
+        emit("barrier();")
+        emit(f"coopMatStore(o{i}, sO, sg * {16 * OS}u, {OS}u, {ROW});")
+        emit("barrier();")
+        own = "" if DT % NSG == 0 else f" || sg + {i * NSG}u >= {DT}u"
+        emit("for (uint e = ln; e < 64u; e += 32u) {")
+        emit("uint rr = e / 4u;", 2)
+        emit(f"if (rr >= {R}u{own}) continue;", 2)
+        emit(f"uint orow = bg * {GR}u + rbase + rr;", 2)
+        emit(f"uint col = c{i} * 16u + e % 4u * 4u;", 2)
+        emit(f"vec4 val = sO[sg * {16 * OS}u + rr * {OS}u + e % 4u];", 2)
+
+        def put(buf: str, base: str, scale: str, ind: int) -> None:
+            for cc, comp in enumerate("xyzw"):
+                emit(f"{buf}[{base} + {cc}u] = val.{comp}{scale};", ind)
+
         if split:
             if fused:
-                emit("if (nact == 1u) {  // the only split with keys: the output itself", 3)
-                emit(f"dst[orow * {DV}u + col] = val / sL[rr];", 4)
-                emit("continue;", 4)
-                emit("}", 3)
-            emit(f"{pdst}[(orow * {r.splits}u + split) * {DV + 2}u + col] = val;", 3)
+                emit("if (nact == 1u) {  // the only split with keys: the output itself", 2)
+                put("dst", f"orow * {DV}u + col", " / sL[rr]", 3)
+                emit("continue;", 3)
+                emit("}", 2)
+            put(pdst, f"(orow * {r.splits}u + split) * {DV + 2}u + col", "", 2)
         else:
-            emit(f"dst[orow * {DV}u + col] = val / sL[rr];  // no key seen: 0/0 = NaN", 3)
-        emit("}", 2)
-        emit("subgroupBarrier();", 2)
+            put("dst", f"orow * {DV}u + col", " / sL[rr]", 2)  # no key seen: 0/0 = NaN
         emit("}")
     if split:
         cond = f"lane < {R}u" + (" && nact != 1u" if fused else "")

@@ -154,7 +154,18 @@ class Device:
                 },
             )
             keep.append(cm)
-            nxt = cm
+            # glslang compiles cooperative-matrix shaders under the Vulkan memory model
+            vmm = ffi.new(
+                "VkPhysicalDeviceVulkanMemoryModelFeatures*",
+                {
+                    "sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES,
+                    "pNext": cm,
+                    "vulkanMemoryModel": 1,
+                    "vulkanMemoryModelDeviceScope": 1,
+                },
+            )
+            keep.append(vmm)
+            nxt = vmm
             exts.append(COOPMAT_EXT)
         if self.pipeline_executable_info:
             exts.append(PIPELINE_EXECUTABLE_EXT)

@@ -70,6 +70,10 @@ class Instance:
                 raise VulkanError("validation requested but VK_EXT_debug_utils is missing")
             layers.append(VALIDATION_LAYER)
             extensions.append("VK_EXT_debug_utils")
+            spec = next(int(lp.specVersion) for lp in vk.vkEnumerateInstanceLayerProperties()
+                        if lp.layerName == VALIDATION_LAYER)
+            validation.set_layer_version(
+                (vk.VK_VERSION_MAJOR(spec), vk.VK_VERSION_MINOR(spec), vk.VK_VERSION_PATCH(spec)))
         self.validation = validate
         self.extensions = tuple(extensions)
         # Keep every nested struct referenced until vkCreateInstance returns.

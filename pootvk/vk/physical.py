@@ -129,9 +129,19 @@ def cooperative_matrix_shapes(handle: Any, exts: frozenset[str]) -> list[str]:
             vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR,
             {},
         ),
+        (
+            "VkPhysicalDeviceVulkanMemoryModelFeatures",
+            vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES,
+            {},
+        ),
     )
     vk.lib.vkGetPhysicalDeviceFeatures2(handle, chain[0])
-    if not chain[1].cooperativeMatrix:
+    # glslang compiles a cooperative-matrix shader under the Vulkan memory model, so the
+    # device needs vulkanMemoryModel (and device scope for the fused combine's coherent
+    # partials) as well
+    vmm = chain[2]
+    if not (chain[1].cooperativeMatrix and vmm.vulkanMemoryModel
+            and vmm.vulkanMemoryModelDeviceScope):
         return []
     name = b"vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR"
     ptr = vk.lib.vkGetInstanceProcAddr(instance().handle, name)

@@ -31,6 +31,31 @@ TYPES = (
 )
 
 
+#: VK_KHR_cooperative_matrix arrived in Vulkan 1.3.255. A validation layer older than that
+#: (Debian bookworm's is 1.3.239) cannot parse a cooperative-matrix shader: it reports the
+#: SPIR-V capability (6022, CooperativeMatrixKHR), the SPIR-V extension and the module built
+#: on them as invalid, though the device lists the extension and pootvk enables it. Those
+#: messages, and only those, are not counted while the layer predates the extension; with
+#: a newer layer every message counts again.
+COOPMAT_LAYER_VERSION = (1, 3, 255)
+COOPMAT_FALSE_ALARMS = (
+    "Invalid capability operand: 6022",
+    "(SPV_KHR_cooperative_matrix) was declared that is not supported by Vulkan",
+    "A SPIR-V Capability (Unhandled OpCapability) was declared that is not supported",
+)
+_layer_version: tuple[int, int, int] | None = None
+
+
+def set_layer_version(version: tuple[int, int, int]) -> None:
+    """The enabled validation layer's spec version (the instance reports it)."""
+    global _layer_version
+    _layer_version = version
+
+
+def layer_predates_coopmat() -> bool:
+    return _layer_version is not None and _layer_version < COOPMAT_LAYER_VERSION
+
+
 def validation_messages() -> list[str]:
     """A copy of every validation message received since the last clear."""
     with _lock:
@@ -51,6 +76,10 @@ def _callback(severity: int, types: int, data: Any, user: Any) -> int:
             data.pMessageIdName
         ) else ""
         msg = f"[{ident}] {text}" if ident else text
+        if layer_predates_coopmat() and any(a in msg for a in COOPMAT_FALSE_ALARMS):
+            log.debug("validation layer %s predates VK_KHR_cooperative_matrix: %s",
+                      _layer_version, msg)
+            return vk.VK_FALSE
         with _lock:
             _messages.append(msg)
         if severity & vk.VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT:
