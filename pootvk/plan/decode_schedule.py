@@ -412,8 +412,8 @@ def matrix_shared_bytes(subgroups: int, dk: int, rows: int, q_split: bool,
     rows16 = 16 * 4 * 3  # sAl, sM, sL
     per_sg = subgroups * 16 * (16 * 2 + 16)  # the zero-padded value block (round trips reuse
     # the score rows)
-    combine = 4 * (2 * rows * fused_splits + rows) if fused_splits else 0
-    return q + scores + rows16 + per_sg + combine + LAST_FLAG_BYTES
+    combine = 16 * (2 * -(-rows * fused_splits // 4) + -(-rows // 4)) if fused_splits else 0
+    return q + scores + rows16 + per_sg + combine + 16  # the arrival flag, a 16-byte vector
 
 
 LAST_FLAG_BYTES = 4  # shared uint s_last of the fused combine
@@ -497,7 +497,8 @@ def choose_decode_schedule(
     if matrix is None and ov.keys() & SCALAR_ONLY:
         matrix = 0  # overrides only the scalar kernel has: measure the scalar kernel
     if matrix is None:
-        matrix = MATRIX if matrix_supported(p, profile, has_subgroup_shuffle) else 0
+        matrix = MATRIX if (matrix_supported(p, profile, has_subgroup_shuffle)
+                            and p.group_rows * (p.dk + p.dv) > MATRIX_MIN_STATE) else 0
     elif int(matrix) and not matrix_supported(p, profile, has_subgroup_shuffle):
         raise ShapeError(f"decode schedule: the matrix kernel cannot serve {p} on "
                          f"{profile.name} (see matrix_supported)")
@@ -734,8 +735,20 @@ MATRIX = 16
 #: Schedule overrides that only the scalar kernel reads.
 SCALAR_ONLY = frozenset({"lanes_per_key", "keys_per_iter", "load_elems", "subgroup",
                          "max_rows", "f16_convert", "dot_reduce", "lazy_rescale"})
-#: Subgroups per matrix workgroup (each takes 16 keys per step).
+#: The matrix kernel is planned (where the device has it) when a KV head's query rows hold
+#: more than this many query + accumulator floats, group_rows * (dk + dv): there the scalar
+#: kernel is bound by its per-lane registers and FMAs. H200, one session
+#: (bench/decode_probe.py, bench/mla_decode.py, F16): the MLA decode shape (128 rows x 1088)
+#: 467-473 us against 843-1125 for the scalar kernel; D=128 GQA (4 rows x 256) the scalar
+#: kernel wins everywhere (32k keys 54 us against 84 at best; 2k x 32 rows 80 against 135),
+#: 8 rows x 256 about even (45.5 against 48.9 us). Why the matrix kernel is not faster
+#: there: on this driver a cooperative-matrix load straight from a storage buffer costs about
+#: one memory latency, loads of one step barely overlap (bench/coopmat_load_probe.py).
+MATRIX_MIN_STATE = 4096
+#: Subgroups per matrix workgroup (each takes 16 keys per step); wide values (dv >= 256)
+#: take MATRIX_SUBGROUPS_WIDE (the MLA shape: 473 us at 8 against 837 at 4, H200).
 MATRIX_SUBGROUPS = 4
+MATRIX_SUBGROUPS_WIDE = 8
 #: Registers (32-bit) a lane may spend on in-flight K/V blocks and the accumulators before
 #: the matrix kernel stops prefetching (a 16x16 f16 block is 4 registers a lane, an f32
 #: accumulator 8): D=128 prefetches (112), the MLA shape (Dk 576, Dv 512) does not.
@@ -763,7 +776,8 @@ def _choose_matrix(p: DecodeProblem, profile: DeviceProfile, force_splits: int |
     subgroups, the query split into hi + lo f16 parts where workgroup memory allows,
     prefetch where registers allow, splits and the fused combine as the scalar kernel's."""
     rows = int(ov.pop("rows_per_wg", _rows_per_wg(p.group_rows, 16)))
-    nsg = int(ov.pop("local_size", 32 * MATRIX_SUBGROUPS)) // 32
+    nsg = MATRIX_SUBGROUPS_WIDE if p.dv >= 256 else MATRIX_SUBGROUPS
+    nsg = int(ov.pop("local_size", 32 * nsg)) // 32
     dkt, dt = p.dk // 16, p.dv // 16
     regs = 8 * dkt + 4 * (16 * nsg // 16) * -(-dt // nsg) + 8 * -(-dt // nsg)
     prefetch = bool(ov.pop("prefetch", regs <= MATRIX_PREFETCH_REGS))

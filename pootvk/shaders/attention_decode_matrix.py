@@ -48,6 +48,11 @@ ACC = CM.format(t="float", u="Accumulator")
 ROW, COL = "gl_CooperativeMatrixLayoutRowMajor", "gl_CooperativeMatrixLayoutColumnMajor"
 
 
+def _x4(n: int) -> int:
+    """``n`` floats rounded up to whole 16-byte vectors."""
+    return -(-n // 4) * 4
+
+
 def generate_decode_matrix(r: DecodeRequest) -> str:
     check_request(r)
     NSG = r.local_size // 32
@@ -96,10 +101,15 @@ def generate_decode_matrix(r: DecodeRequest) -> str:
     shared += [f"shared vec4 sS[{TILE * SS}];", f"shared f16vec4 sP[{16 * PS}];",
                "shared float sAl[16];", "shared float sM[16];", "shared float sL[16];",
                f"shared f16vec4 sV[{NSG * 16 * VS}];",
-               "shared uint s_last;"]
+               "shared uvec4 s_last4;", "#define s_last s_last4.x"]
     if fused:
-        shared += [f"shared float s_cw[{R * r.splits}];", f"shared float s_cl[{R * r.splits}];",
-                   f"shared float s_cden[{R}];"]
+        shared += [f"shared float s_cw[{_x4(R * r.splits)}];",
+                   f"shared float s_cl[{_x4(R * r.splits)}];", f"shared float s_cden[{_x4(R)}];"]
+    # Every shared variable is a multiple of 16 bytes long, so wherever the driver places
+    # them each starts 16-byte aligned: a matrix load from workgroup memory (ldmatrix on
+    # NVIDIA) reads 16-byte rows and silently misreads a row that is not (H200: the fused
+    # variant's 4-byte flag and odd-length combine arrays put the zero-padded value block
+    # off alignment, and its products came out wrong)
 
     shared.append("#define sO sS  // a subgroup's accumulator round trips reuse its score rows")
     assert OS == SS  # (scores are consumed before any round trip, the same 16x20 floats)

@@ -141,9 +141,11 @@ def test_split_key_plan_builds_no_broadcast_key(capsys, profile):
 
 
 def test_split_key_mla_schedule_fits_the_registers_and_compiles():
-    """On the H200 the grouped MLA kernel keeps a lane's query + accumulator state within
-    2 * REG_FLOATS floats (wide heads: fewer rows per workgroup, 8-byte 16-bit loads), fills
-    the compute units with splits, and its source compiles with no private array."""
+    """On the H200 the MLA decode shape gets the tensor-core (matrix) kernel within the
+    workgroup memory, with splits filling the compute units; on a device without
+    cooperative matrices the scalar kernel keeps a lane's query + accumulator state within
+    2 * REG_FLOATS floats (wide heads: fewer rows per workgroup, 8-byte 16-bit loads). Both
+    sources compile with no private array and read k_shared once per key."""
     from pootvk.plan.decode_schedule import REG_FLOATS
     from pootvk.shaders.compiler import compile_glsl
     from pootvk.shaders.generate import generate
@@ -151,16 +153,23 @@ def test_split_key_mla_schedule_fits_the_registers_and_compiles():
 
     g = trace_attention((1, 128, 1, 576), (1, 1, 32768, 512), (1, 1, 32768, 512),
                         kv_dtype=F16, k_shared_shape=(1, 1, 32768, 64))
-    prof = recorded_profile("nvidia_h200")
-    p = plan_graph(compile_graph(g), prof)
-    r = p.kernels[0].request
-    assert isinstance(r, DecodeRequest) and r.dk_shared == 64
-    assert r.rows_per_wg * (576 + 512) <= 2 * REG_FLOATS * r.lanes_per_key
-    assert r.workgroups >= prof.compute_units
-    assert r.kv_bytes == 32768 * (512 + 64 + 512) * 2
-    src = generate(r)
-    assert "ks[ksb0" in src and not PRIVATE_ARRAY.findall(src)
-    assert compile_glsl(src)
+    h200 = recorded_profile("nvidia_h200")
+    scalar_only = h200.with_(extra={k: v for k, v in h200.extra.items() if k != "coopmat"})
+    for prof, matrix in ((h200, 16), (scalar_only, 0)):
+        r = plan_graph(compile_graph(g), prof).kernels[0].request
+        assert isinstance(r, DecodeRequest) and r.dk_shared == 64 and r.matrix == matrix
+        if matrix:
+            assert r.shared_bytes <= prof.max_workgroup_memory and r.rows_per_wg == 16
+        else:
+            assert r.rows_per_wg * (576 + 512) <= 2 * REG_FLOATS * r.lanes_per_key
+        # 8 row blocks x 16 splits = 128 matrix workgroups on 132 SMs (32 splits measured
+        # the same, 467 us against 473)
+        assert r.workgroups >= 0.9 * prof.compute_units
+        assert r.kv_bytes == 32768 * (512 + 64 + 512) * 2
+        src = generate(r)
+        assert ("coopMatLoad(kw32, ks," if matrix else "ks[ksb0") in src, src[:400]
+        assert not PRIVATE_ARRAY.findall(src)
+        assert compile_glsl(src)
 
 
 def test_lavapipe_from_mesa_23_serves_at_most_two_rows():

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from pootvk.errors import DtypeLowering, ShapeError
 from pootvk.plan.decode_schedule import (
+    MATRIX_MIN_STATE,
     DecodeProblem,
     choose_decode_schedule,
     matrix_supported,
@@ -112,8 +113,7 @@ def test_matrix_split_key(mdevice):
                       kv_dtype="f16", dk_shared=s)
     for splits in (1, 4):
         req = choose_decode_schedule(p, mdevice.profile, has_subgroup_shuffle=True,
-                                     force_splits=splits)
-        assert req.matrix == 16
+                                     force_splits=splits, overrides={"matrix": 16})
         kns, kn64 = to_storage(kn, "f16")
         kps, kp64 = to_storage(kp, "f16")
         vs, v64 = to_storage(v, "f16")
@@ -177,8 +177,8 @@ def test_matrix_sweep(mdevice, b, n_rep, hkv, lq, lk, dk, dv, mask, softcap, spl
 
 
 def test_matrix_is_planned_only_where_the_device_lists_it():
-    p = DecodeProblem(b=1, hq=32, hkv=8, lq=1, lk=32768, dk=128, dv=128, scale=0.1,
-                      kv_dtype="f16")
+    p = DecodeProblem(b=1, hq=64, hkv=1, lq=1, lk=32768, dk=128, dv=128, scale=0.1,
+                      kv_dtype="f16")  # 64 rows x 256: past MATRIX_MIN_STATE
     assert choose_decode_schedule(p, H200, has_subgroup_shuffle=True).matrix == 16
     for name, prof in recorded_profiles().items():
         listed = "16x16x16 f16 f16 f32 f32" in (prof.extra.get("coopmat") or ())
@@ -206,7 +206,10 @@ def test_matrix_rules_on_the_h200_profile():
     MLA shape within the 48 KiB of workgroup memory."""
     gqa = DecodeProblem(b=1, hq=32, hkv=8, lq=1, lk=32768, dk=128, dv=128, scale=0.1,
                         kv_dtype="f16")
-    r = choose_decode_schedule(gqa, H200, has_subgroup_shuffle=True)
+    # D=128 GQA (4 rows x 256 floats) keeps the scalar kernel: it measured faster there
+    assert choose_decode_schedule(gqa, H200, has_subgroup_shuffle=True).matrix == 0
+    assert 4 * 256 <= MATRIX_MIN_STATE
+    r = choose_decode_schedule(gqa, H200, has_subgroup_shuffle=True, overrides={"matrix": 16})
     assert (r.rows_per_wg, r.local_size, r.tile, r.q_split, r.prefetch) == (4, 128, 64, True,
                                                                             True)
     assert r.splits > 1 and r.fused_combine
@@ -214,7 +217,7 @@ def test_matrix_rules_on_the_h200_profile():
                         kv_dtype="f16", dk_shared=64)
     m = choose_decode_schedule(mla, H200, has_subgroup_shuffle=True)
     assert m.matrix == 16 and m.rows_per_wg == 16 and m.row_blocks == 8
-    assert not m.prefetch and not m.q_split
+    assert m.local_size == 256 and not m.prefetch and not m.q_split
     assert m.shared_bytes <= H200.max_workgroup_memory
 
 
@@ -228,8 +231,7 @@ def test_matrix_sources_compile_without_private_arrays():
                               dk_shared=64 if dk == 576 else 0)
             for splits in (1, 3):
                 r = choose_decode_schedule(p, H200, has_subgroup_shuffle=True,
-                                           force_splits=splits)
-                assert r.matrix == 16
+                                           force_splits=splits, overrides={"matrix": 16})
                 for src in generate_decode(r):
                     assert not PRIVATE_ARRAY.search(src), src
                     compile_glsl(src)
