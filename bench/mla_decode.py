@@ -116,12 +116,14 @@ def sweep(shape, default: DecodeRequest | None, compute_units: int | None) -> li
         return []
     if default.matrix:  # the tensor-core kernel: its workgroup and splits, and the scalar one
         base = default.workgroups // default.splits
-        out = [{"schedule": "grouped", "local_size": 256}, {"schedule": "grouped", "matrix": 0},
-               {"schedule": "grouped", "rows_per_wg": 8}]
+        out = [{"schedule": "grouped", "local_size": 128}, {"schedule": "grouped", "matrix": 0},
+               {"schedule": "grouped", "rows_per_wg": 8},
+               {"schedule": "grouped", "matrix_load": "direct"},
+               {"schedule": "grouped", "prefetch": False}]
         for sp in sorted({max(1, default.splits // 2), default.splits * 2,
                           -(-4 * (compute_units or 8) // max(1, base))} - {default.splits}):
             out.append({"schedule": "grouped", "splits": sp})
-            out.append({"schedule": "grouped", "splits": sp, "local_size": 256})
+            out.append({"schedule": "grouped", "splits": sp, "local_size": 128})
         return out
     n_rep = shape[1] // shape[2]
     # (16 rows would hold ~1k floats per lane at Dk+Dv=1088: a pathological spill)

@@ -218,6 +218,11 @@ class DecodeRequest(_GroupShape):
     #: matrix kernel: the scaled query is held as two f16 parts (hi + lo, two products per
     #: key block), so rounding it to f16 costs no accuracy; off where workgroup memory is short
     q_split: bool = False
+    #: matrix kernel: "staged" (K/V tiles copied with 16-byte loads into workgroup memory,
+    #: every matrix operand loaded from there; ``keys_per_iter`` is then the step's keys per
+    #: subgroup, so the tile is local_size / 32 * keys_per_iter) or "direct" (K and V matrix
+    #: loads straight from the buffers, 16 keys per subgroup per step)
+    matrix_load: str = "staged"
 
     # --- derived ---------------------------------------------------------------------------
     @property
@@ -273,6 +278,9 @@ class DecodeRequest(_GroupShape):
     @property
     def shared_bytes(self) -> int:
         fused = self.splits if self.splits > 1 and self.fused_combine else 0
+        if self.matrix and self.matrix_load == "staged":
+            return staged_shared_bytes(self.local_size // 32, self.tile, self.dk, self.dv,
+                                       self.rows_per_wg, fused)
         if self.matrix:
             return matrix_shared_bytes(self.local_size // 32, self.dk, self.rows_per_wg,
                                        self.q_split, fused)
@@ -339,7 +347,7 @@ class DecodeRequest(_GroupShape):
             f"{'' if self.dot_reduce == _DEFAULT_DOT_REDUCE else self.dot_reduce + ' '}"
             f"{'' if self.lazy_rescale == _DEFAULT_LAZY else _LAZY_TAG[self.lazy_rescale]}"
             f"{f'min_chunk={self.min_chunk} ' if self.min_chunk else ''}"
-            f"{f'coopmat{self.matrix} ' if self.matrix else ''}"
+            f"{f'coopmat{self.matrix} {self.matrix_load} ' if self.matrix else ''}"
             f"{'qsplit ' if self.q_split else ''}"
             f"grid={self.grid[0]}x{self.grid[1]}"
         )
@@ -414,6 +422,19 @@ def matrix_shared_bytes(subgroups: int, dk: int, rows: int, q_split: bool,
     # the score rows)
     combine = 16 * (2 * -(-rows * fused_splits // 4) + -(-rows // 4)) if fused_splits else 0
     return q + scores + rows16 + per_sg + combine + 16  # the arrival flag, a 16-byte vector
+
+
+def staged_shared_bytes(subgroups: int, tile: int, dk: int, dv: int, rows: int,
+                        fused_splits: int = 0) -> int:
+    """Workgroup memory of the staged matrix kernel: the step's K and V tiles (f16 rows
+    padded by 16 bytes), its scores (16 rows x 20 floats per key block or per subgroup,
+    whichever is more), the weights P (16 rows x the tile, padded), the rows' rescale
+    factors and (m, l), the arrival flag and the fused combine's weights (every variable a
+    multiple of 16 bytes, as the generator lays them out)."""
+    kv = tile * (2 * dk + 16) + tile * (2 * dv + 16)
+    scores = 16 * max(tile // 16, subgroups) * 80 + 16 * (2 * tile + 16)
+    combine = 16 * (2 * -(-rows * fused_splits // 4) + -(-rows // 4)) if fused_splits else 0
+    return kv + scores + 3 * 64 + 16 + combine
 
 
 LAST_FLAG_BYTES = 4  # shared uint s_last of the fused combine
@@ -718,12 +739,24 @@ def _check_matrix(r: DecodeRequest, bad) -> None:
         raise bad("the matrix kernel reads dense f16 K/V")
     if any(w % 16 for w in (*r.key_widths, r.dv)):
         raise bad("the matrix kernel needs head widths that are multiples of 16")
-    if r.lk % 16 or r.lk < 16:
-        raise bad("the matrix kernel needs a key count (capacity) that is a multiple of 16")
     if not 1 <= r.rows_per_wg <= 16 or r.group_rows % r.rows_per_wg:
         raise bad("the matrix kernel serves 1..16 query rows per workgroup, dividing the group")
-    if r.local_size % 32 or r.lanes_per_key != 32 or r.keys_per_iter != 16 or not r.subgroup:
-        raise bad("the matrix kernel takes 16 keys per 32-lane subgroup step")
+    if r.local_size % 32 or r.lanes_per_key != 32 or not r.subgroup:
+        raise bad("the matrix kernel's lanes are whole 32-lane subgroups")
+    nsg, nkb = r.local_size // 32, r.tile // 16
+    if r.matrix_load == "direct":
+        if r.lk % 16 or r.lk < 16:
+            raise bad("the direct matrix kernel needs a capacity that is a multiple of 16")
+        if r.keys_per_iter != 16:
+            raise bad("the direct matrix kernel takes 16 keys per subgroup step")
+    elif r.matrix_load == "staged":
+        if r.tile % 16 or not nkb or (nkb % nsg and nsg % nkb):
+            raise bad("the staged tile is whole 16-key blocks that divide or are divided by "
+                      "the subgroups")
+        if r.q_split and r.tile < 32:
+            raise bad("the staged kernel keeps the query's lo part in tile rows 16..31")
+    else:
+        raise bad("matrix_load must be 'staged' or 'direct'")
     if r.splits < 1 or (r.min_chunk and not (r.splits > 1 and r.fused_combine)):
         raise bad("splits >= 1; min_chunk needs a fused split")
 
@@ -753,20 +786,22 @@ MATRIX_SUBGROUPS_WIDE = 8
 #: the matrix kernel stops prefetching (a 16x16 f16 block is 4 registers a lane, an f32
 #: accumulator 8): D=128 prefetches (112), the MLA shape (Dk 576, Dv 512) does not.
 MATRIX_PREFETCH_REGS = 160
+#: The staged kernel prefetches the next tile's 16-byte words while they take at most this
+#: many registers a lane (D=128, 64 keys, 128 lanes: 64; the MLA shape, 16 keys, 256: 40).
+MATRIX_PREFETCH_WORD_REGS = 64
 
 
 def matrix_supported(p: DecodeProblem, profile: DeviceProfile, has_subgroup_shuffle: bool) -> bool:
     """Whether the tensor-core kernel can serve ``p`` on ``profile``: the device lists the
     16x16x16 f16 -> f32 cooperative matrix (VK_KHR_cooperative_matrix), 32-lane subgroups
     with shuffles, f16 arithmetic and 16-bit storage; dense f16 K/V whose widths are
-    multiples of 16; a capacity that is a multiple of 16 (every 16-key block it reads stays
-    inside the buffers)."""
+    multiples of 16 (the direct variant also wants a capacity that is a multiple of 16,
+    checked with its request)."""
     ex = profile.extra
     return (COOPMAT_SHAPE in (ex.get("coopmat") or ()) and profile.subgroup_size == 32
             and has_subgroup_shuffle and bool(ex.get("shader_float16"))
             and bool(ex.get("storage_buffer_16bit")) and p.kv_dtype == "f16"
-            and not p.pool_slots and all(w % 16 == 0 for w in (*p.key_widths, p.dv))
-            and p.lk % 16 == 0 and p.lk >= 16)
+            and not p.pool_slots and all(w % 16 == 0 for w in (*p.key_widths, p.dv)))
 
 
 def _choose_matrix(p: DecodeProblem, profile: DeviceProfile, force_splits: int | None,
@@ -776,21 +811,38 @@ def _choose_matrix(p: DecodeProblem, profile: DeviceProfile, force_splits: int |
     subgroups, the query split into hi + lo f16 parts where workgroup memory allows,
     prefetch where registers allow, splits and the fused combine as the scalar kernel's."""
     rows = int(ov.pop("rows_per_wg", _rows_per_wg(p.group_rows, 16)))
-    nsg = MATRIX_SUBGROUPS_WIDE if p.dv >= 256 else MATRIX_SUBGROUPS
+    load = str(ov.pop("matrix_load", "staged"))
+    wide = p.dv >= 256
+    nsg = MATRIX_SUBGROUPS_WIDE if wide else MATRIX_SUBGROUPS
     nsg = int(ov.pop("local_size", 32 * nsg)) // 32
     dkt, dt = p.dk // 16, p.dv // 16
-    regs = 8 * dkt + 4 * (16 * nsg // 16) * -(-dt // nsg) + 8 * -(-dt // nsg)
-    prefetch = bool(ov.pop("prefetch", regs <= MATRIX_PREFETCH_REGS))
+    ti = -(-dt // nsg)
+    if load == "direct":
+        tile = 16 * nsg
+        regs = 8 * dkt + 4 * nsg * ti + 8 * ti
+        prefetch = bool(ov.pop("prefetch", regs <= MATRIX_PREFETCH_REGS))
+    else:
+        # a step's tile: 16 keys for wide heads (K and V rows of 1-2 KiB: a tile of 16 is
+        # ~35 KB of workgroup memory), else 16 keys per subgroup; shrunk to fit
+        tile = int(ov.pop("tile", 16 if wide else 16 * nsg))
+        while tile > 16 and staged_shared_bytes(nsg, tile, p.dk, p.dv, rows, MAX_SPLITS) > \
+                profile.max_workgroup_memory:
+            tile //= 2
+        words = -(-tile * (p.dk + p.dv) // 8 // (32 * nsg))  # 16-byte words a lane holds
+        prefetch = bool(ov.pop("prefetch", 4 * words <= MATRIX_PREFETCH_WORD_REGS))
     q_split = ov.pop("q_split", None)
     fused_override = ov.pop("fused_combine", None)
     min_chunk_override = ov.pop("min_chunk", None)
     if ov:
         raise TypeError(f"unknown matrix schedule overrides: {sorted(ov)}")
     if q_split is None:
-        q_split = matrix_shared_bytes(nsg, p.dk, rows, True, MAX_SPLITS) <= \
-            profile.max_workgroup_memory
+        if load == "direct":
+            q_split = matrix_shared_bytes(nsg, p.dk, rows, True, MAX_SPLITS) <= \
+                profile.max_workgroup_memory
+        else:  # two query parts in registers: the chunks a subgroup uses, twice
+            g = max(1, nsg // (tile // 16))
+            q_split = tile >= 32 and 2 * -(-dkt // g) <= 16
     blocks = p.group_rows // rows
-    tile = 16 * nsg
     splits = max(1, int(force_splits)) if force_splits is not None else \
         default_splits(p, profile, blocks, tile, max_splits)
     out_rows = p.b * p.hq * p.lq
@@ -811,7 +863,8 @@ def _choose_matrix(p: DecodeProblem, profile: DeviceProfile, force_splits: int |
         b=p.b, hq=p.hq, hkv=p.hkv, lq=p.lq, lk=p.lk, dk=p.dk, dv=p.dv, scale=float(p.scale),
         softcap=None if p.softcap is None else float(p.softcap), mask=p.mask,
         kv_dtype=p.kv_dtype, live_len=p.live_len, splits=splits, rows_per_wg=rows,
-        lanes_per_key=32, local_size=32 * nsg, keys_per_iter=16, load_elems=8, subgroup=True,
+        lanes_per_key=32, local_size=32 * nsg, keys_per_iter=tile // nsg, load_elems=8,
+        subgroup=True, matrix_load=load,
         grid=fold_grid(groups, profile.max_grid),
         combine_grid=fold_grid(-(-out_rows * p.dv // COMBINE_LOCAL), profile.max_grid),
         prefetch=prefetch, fused_combine=fused, dk_shared=p.dk_shared, min_chunk=min_chunk,

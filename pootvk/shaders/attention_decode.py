@@ -134,6 +134,10 @@ def _scatter_gather(names: list[str], lanes: int, emit) -> None:
 
 @generators.register(DecodeRequest)
 def generate_decode_partial(r: DecodeRequest) -> str:
+    if r.matrix and r.matrix_load == "staged":
+        from .attention_decode_staged import generate_decode_staged
+
+        return generate_decode_staged(r)
     if r.matrix:
         from .attention_decode_matrix import generate_decode_matrix
 

@@ -167,7 +167,7 @@ def test_split_key_mla_schedule_fits_the_registers_and_compiles():
         assert r.workgroups >= 0.9 * prof.compute_units
         assert r.kv_bytes == 32768 * (512 + 64 + 512) * 2
         src = generate(r)
-        assert ("coopMatLoad(kw32, ks," if matrix else "ks[ksb0") in src, src[:400]
+        assert ("ks[(ksrow + min(" if matrix else "ks[ksb0") in src, src[:400]
         assert not PRIVATE_ARRAY.findall(src)
         assert compile_glsl(src)
 

@@ -55,6 +55,7 @@ def mcase(device, **kw):
     (3, 4, 4, 3, 160, 80, 48),
     (1, 36, 1, 1, 64, 64, 128),  # 36 rows: three blocks of 12
     (2, 8, 2, 1, 16, 128, 64),
+    (1, 8, 2, 1, 113, 64, 64),  # a capacity off 16 (the staged copy clamps its reads)
 ], ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("splits", [1, 2, 7, 16])
 def test_matrix_shapes_and_splits(mdevice, shape, splits):
@@ -64,7 +65,10 @@ def test_matrix_shapes_and_splits(mdevice, shape, splits):
 
 @pytest.mark.parametrize("variant", [{}, {"prefetch": False}, {"q_split": False},
                                      {"local_size": 256}, {"local_size": 64},
-                                     {"fused_combine": False}])
+                                     {"fused_combine": False}, {"tile": 16}, {"tile": 32},
+                                     {"matrix_load": "direct"},
+                                     {"matrix_load": "direct", "prefetch": False},
+                                     {"matrix_load": "direct", "local_size": 256}])
 def test_matrix_variants(mdevice, variant):
     mcase(mdevice, b=1, hq=16, hkv=2, lk=512, dk=128, dv=128, splits=3, ov=variant)
 
@@ -191,14 +195,19 @@ def test_matrix_is_planned_only_where_the_device_lists_it():
                                     and prof.subgroup_shuffle), name
     # f32 / bf16 K/V, paged keys, widths or capacities off 16 keep the scalar kernel
     from dataclasses import replace
-    for q in (replace(p, kv_dtype="f32"), replace(p, kv_dtype="bf16"), replace(p, lk=1000),
-              replace(p, dk=72, dv=72), replace(p, pool_slots=4096), replace(p, lk=8)):
+    for q in (replace(p, kv_dtype="f32"), replace(p, kv_dtype="bf16"),
+              replace(p, dk=72, dv=72), replace(p, pool_slots=4096)):
         assert choose_decode_schedule(q, H200, has_subgroup_shuffle=True).matrix == 0, q
         with pytest.raises(ShapeError):
             choose_decode_schedule(q, H200, has_subgroup_shuffle=True,
                                    overrides={"matrix": 16})
     assert choose_decode_schedule(p, H200, has_subgroup_shuffle=True,
                                   overrides={"matrix": 0}).matrix == 0
+    # the staged kernel takes any capacity; the direct one wants multiples of 16
+    assert choose_decode_schedule(replace(p, lk=1000), H200, has_subgroup_shuffle=True).matrix
+    with pytest.raises(ShapeError):
+        choose_decode_schedule(replace(p, lk=1000), H200, has_subgroup_shuffle=True,
+                               overrides={"matrix_load": "direct"})
 
 
 def test_matrix_rules_on_the_h200_profile():
@@ -217,7 +226,8 @@ def test_matrix_rules_on_the_h200_profile():
                         kv_dtype="f16", dk_shared=64)
     m = choose_decode_schedule(mla, H200, has_subgroup_shuffle=True)
     assert m.matrix == 16 and m.rows_per_wg == 16 and m.row_blocks == 8
-    assert m.local_size == 256 and not m.prefetch and not m.q_split
+    assert m.local_size == 256 and m.tile == 16 and m.matrix_load == "staged"
+    assert m.prefetch and not m.q_split  # 9 words a lane in flight; lo part needs 32 rows
     assert m.shared_bytes <= H200.max_workgroup_memory
 
 

@@ -1,0 +1,377 @@
+"""GLSL for the staged tensor-core decode kernel (``DecodeRequest.matrix`` with
+``matrix_load="staged"``).
+
+Why staged: on the H200's driver a cooperative-matrix load straight from a storage buffer
+costs about one memory latency and the loads of one step barely overlap
+(``bench/coopmat_load_probe.py``: 38-57% of the read ceiling streaming K alone), while
+16-byte vector loads overlap freely and a matrix load from workgroup memory is cheap (53-68%
+staged). So each step copies a tile of K and V with 16-byte loads into workgroup memory
+(the next tile's words are loaded into registers while this one is used: ``prefetch``),
+and every matrix operand comes from there. The copy also zero-fills the rows past the
+chunk's end, so a NaN past a live length never reaches a product, and no read leaves the
+buffers (rows are clamped to the last key), whatever the capacity.
+
+One workgroup per (batch row, KV head, row block, split), ``NSG`` subgroups, ``TILE`` keys
+(``NKB`` = TILE / 16 key blocks) per step:
+
+1. Scores ``S^T[16 keys, 16 rows] = K[16 keys, Dk] Q^T[Dk, 16 rows]`` per key block. With
+   at least as many blocks as subgroups a subgroup takes whole blocks; with fewer (the MLA
+   shape: one block, eight subgroups) the ``G`` = NSG / NKB subgroups of a block each take
+   every G-th 16-channel chunk and store a partial that the softmax sums. The query chunks
+   a subgroup uses are held in registers (f16, scaled; with ``q_split`` as hi + lo parts).
+2. The online softmax: row ``r`` on ``LPR`` = min(32, TILE) lanes of one subgroup (every
+   lane of a row holds its m, l), the step's max and sum by xor shuffles, P as f16 to
+   workgroup memory, the rescale factor too.
+3. Each subgroup owns the 16-column output tiles ``c = s + i NSG`` as f32 accumulators:
+   when a row's max moved they make a round trip through the subgroup's score rows to be
+   rescaled; then ``O += P V`` per key block.
+
+Workgroup memory moves between lanes only across workgroup barriers (the shader runs under
+the Vulkan memory model, where subgroup barriers do not order these private accesses), and
+every shared variable is a multiple of 16 bytes long (a matrix load misreads rows that are
+not 16-byte aligned). The end is the direct kernel's: (m, l) per row, each subgroup's tiles
+out (normalised, or the split's partial), the fused combine.
+"""
+
+from __future__ import annotations
+
+from ..plan.decode_schedule import DecodeRequest, check_request
+from .attention_decode import NEG_INF, emit_fused_combine
+from .common import float_lit, group_id
+
+CM = "coopmat<{t}, gl_ScopeSubgroup, 16, 16, gl_MatrixUse{u}>"
+A16 = CM.format(t="float16_t", u="A")
+B16 = CM.format(t="float16_t", u="B")
+ACC = CM.format(t="float", u="Accumulator")
+ROW, COL = "gl_CooperativeMatrixLayoutRowMajor", "gl_CooperativeMatrixLayoutColumnMajor"
+
+
+def _x4(n: int) -> int:
+    return -(-n // 4) * 4
+
+
+def generate_decode_staged(r: DecodeRequest) -> str:
+    check_request(r)
+    WG = r.local_size
+    NSG = WG // 32
+    TILE = r.tile
+    NKB = TILE // 16
+    R, DK, DV, GR = r.rows_per_wg, r.dk, r.dv, r.group_rows
+    DS = r.dk_shared
+    DKN = DK - DS
+    DKT, DT = DK // 16, DV // 16
+    G = max(1, NSG // NKB)  # subgroups sharing one key block (partial scores)
+    KBS = max(1, NKB // NSG)  # key blocks per subgroup
+    QD = -(-DKT // G)  # query chunks per subgroup
+    TI = -(-DT // NSG)  # output tiles per subgroup
+    LPR = min(32, TILE)  # lanes per softmax row
+    RPS = 32 // LPR  # softmax rows per subgroup pass
+    KL = TILE // LPR  # scores per lane per row
+    RJ = -(-R // (NSG * RPS))  # softmax passes
+    KS, VS, SS, PS = DK // 4 + 2, DV // 4 + 2, 5, TILE // 4 + 2  # row strides in vectors
+    SROWS = 16 * max(NKB, NSG)  # score rows (keys, or partials) in sS
+    split = r.splits > 1
+    fused = split and r.fused_combine
+    assert not r.q_split or TILE >= 32  # the lo part is staged in sK rows 16..31
+
+    binds: list[str] = []
+
+    def buf(name: str, elem: str, access: str) -> None:
+        binds.append(f"layout(std430, set = 0, binding = {len(binds)}) {access} buffer "
+                     f"B{len(binds)} {{ {elem} {name}[]; }};")
+
+    buf("q", "float", "readonly")
+    buf("k", "uvec4", "readonly")
+    if DS:
+        buf("ks", "uvec4", "readonly")
+    buf("v", "uvec4", "readonly")
+    if r.mask is not None:
+        buf("mask", "float", "readonly")
+    if r.live_len:
+        buf("lens", "int", "readonly")
+    if fused:
+        buf("part", "float", "coherent")
+        buf("counter", "uint", "coherent")
+    buf("dst", "float", "writeonly")
+    assert len(binds) == len(r.bindings())
+    pdst = "part" if fused else "dst"
+
+    shared = [f"shared f16vec4 sK[{TILE * KS}];", f"shared f16vec4 sV[{TILE * VS}];",
+              f"shared vec4 sS[{SROWS * SS}];", f"shared f16vec4 sP[{16 * PS}];",
+              "shared float sAl[16];", "shared float sM[16];", "shared float sL[16];",
+              "shared uvec4 s_last4;", "#define s_last s_last4.x"]
+    if fused:
+        shared += [f"shared float s_cw[{_x4(R * r.splits)}];",
+                   f"shared float s_cl[{_x4(R * r.splits)}];", f"shared float s_cden[{_x4(R)}];"]
+
+    L: list[str] = []
+
+    def emit(s: str, ind: int = 1) -> None:
+        L.append("    " * ind + s)
+
+    emit("uint LK_CAP = pc.lk;")
+    emit(f"uint wg = {group_id(r.grid[0])};")
+    emit(f"if (wg >= {r.workgroups}u) return;  // uniform over the workgroup")
+    emit(f"uint split = wg % {r.splits}u;")
+    emit(f"uint rest = wg / {r.splits}u;")
+    emit(f"uint rbase = (rest % {r.row_blocks}u) * {R}u;  // first row of this block")
+    emit(f"uint bg = rest / {r.row_blocks}u;  // b * HKV + g")
+    emit(f"uint g = bg % {r.hkv}u;")
+    emit(f"uint b = bg / {r.hkv}u;")
+    emit("uint lane = gl_LocalInvocationIndex;")
+    emit("uint sg = gl_SubgroupID;")
+    emit("uint ln = gl_SubgroupInvocationID;")
+    emit("uint LK = " + ("uint(clamp(lens[b], 0, int(LK_CAP)));" if r.live_len else "LK_CAP;"))
+    if split:
+        emit(f"uint per = (LK + {r.splits - 1}u) / {r.splits}u;")
+        emit(f"uint chunk = (per + {TILE - 1}u) / {TILE}u * {TILE}u;")
+        if r.min_chunk:
+            emit(f"chunk = max(chunk, {-(-r.min_chunk // TILE) * TILE}u);")
+        emit("uint k0 = min(split * chunk, LK);")
+        emit("uint k1 = min(k0 + chunk, LK);")
+        if fused:
+            emit("uint nact = LK == 0u ? 1u : (LK + chunk - 1u) / chunk;  // splits with a key")
+            emit("if (split >= nact) return;  // uniform over the workgroup")
+    else:
+        emit("uint k0 = 0u;")
+        emit("uint k1 = LK;")
+    emit(f"uint nit = (k1 - k0 + {TILE - 1}u) / {TILE}u;")
+    emit("uint kvrow = bg * LK_CAP;  // first key row of this KV head")
+    if DS:
+        emit("uint ksrow = b * LK_CAP;  // first k_shared row of this batch row")
+    emit("uint TMAX = max(LK_CAP, 1u) - 1u;  // reads clamp to the last key")
+
+    # --- the K/V copy: streams of 16-byte words, TILE rows each -----------------------------
+    streams = [("k", "kvrow", DKN // 8, "sK", KS, 0)]
+    if DS:
+        streams.append(("ks", "ksrow", DS // 8, "sK", KS, DKN // 4))
+    streams.append(("v", "kvrow", DV // 8, "sV", VS, 0))
+    words = [(name, base, wpr, dst, stride, col, i)
+             for name, base, wpr, dst, stride, col in streams
+             for i in range(-(-TILE * wpr // WG))]
+
+    def guard(wpr: int, i: int) -> str:
+        return "" if (TILE * wpr) % WG == 0 or (i + 1) * WG <= TILE * wpr else \
+            f"if (lane + {i * WG}u < {TILE * wpr}u) "
+
+    def load_words(tbase: str, ind: int, decl: bool) -> None:
+        for name, base, wpr, _d, _s, _c, i in words:
+            var = f"w{name}{i}"
+            if decl:
+                emit(f"uvec4 {var} = uvec4(0u);", ind)
+            row = f"{base} + min({tbase} + x / {wpr}u, TMAX)"
+            emit(f"{guard(wpr, i)}{{ uint x = lane + {i * WG}u; "
+                 f"{var} = {name}[({row}) * {wpr}u + x % {wpr}u]; }}", ind)
+
+    def store_words(ind: int) -> None:
+        for name, _b, wpr, dst, stride, col, i in words:
+            var = f"w{name}{i}"
+            emit(f"{guard(wpr, i)}{{", ind)
+            emit(f"uint x = lane + {i * WG}u;", ind + 1)
+            emit(f"uint rw = x / {wpr}u;", ind + 1)
+            emit(f"uint o = rw * {stride}u + {col}u + x % {wpr}u * 2u;", ind + 1)
+            emit("bool ok = t0 + rw < k1;  // rows past the chunk read as zero", ind + 1)
+            emit(f"{dst}[o] = ok ? f16vec4(unpackFloat2x16({var}.x), unpackFloat2x16({var}.y)) "
+                 ": f16vec4(0.0);", ind + 1)
+            emit(f"{dst}[o + 1u] = ok ? f16vec4(unpackFloat2x16({var}.z), "
+                 f"unpackFloat2x16({var}.w)) : f16vec4(0.0);", ind + 1)
+            emit("}", ind)
+
+    # --- the query: rows scaled to f16 in sK (lo parts in rows 16..31), then registers -------
+    emit(f"for (uint i = lane; i < {16 * DK // 4}u; i += {WG}u) {{")
+    emit(f"uint rr = i / {DK // 4}u;", 2)
+    emit(f"uint qb = (bg * {GR}u + rbase + rr) * {DK}u + i % {DK // 4}u * 4u;", 2)
+    emit(f"vec4 x = rr < {R}u ? vec4(q[qb], q[qb + 1u], q[qb + 2u], q[qb + 3u]) * SCALE"
+         " : vec4(0.0);", 2)
+    emit("f16vec4 h = f16vec4(x);", 2)
+    emit(f"sK[rr * {KS}u + i % {DK // 4}u] = h;", 2)
+    if r.q_split:
+        emit(f"sK[(rr + 16u) * {KS}u + i % {DK // 4}u] = f16vec4(x - vec4(h));  // f16's rest",
+             2)
+    emit("}")
+    emit(f"for (uint i = lane; i < {16 * PS}u; i += {WG}u) sP[i] = f16vec4(0.0);  // rows >= R")
+    emit("barrier();")
+    emit(f"uint kb0 = sg % {NKB}u;  // this subgroup's (first) key block" if G > 1 else
+         f"uint kb0 = sg;  // this subgroup's first key block (then + {NSG} ...)")
+    emit(f"uint jq = sg / {NKB}u;  // its share of the channels: chunks jq, jq + {G} ..."
+         if G > 1 else "uint jq = 0u;")
+    for i in range(QD):
+        gd = "" if G == 1 or DKT % G == 0 or i < DKT // G else f"if (jq + {i * G}u < {DKT}u) "
+        emit(f"{B16} qh{i};")
+        emit(f"{gd}coopMatLoad(qh{i}, sK, min(jq + {i * G}u, {DKT - 1}u) * 4u, {KS}u, {COL});")
+        if r.q_split:
+            emit(f"{B16} ql{i};")
+            emit(f"{gd}coopMatLoad(ql{i}, sK, {16 * KS}u + min(jq + {i * G}u, {DKT - 1}u) * 4u, "
+                 f"{KS}u, {COL});")
+    # softmax rows of this subgroup
+    for j in range(RJ):
+        emit(f"uint sr{j} = (sg + {j * NSG}u) * {RPS}u + ln / {LPR}u;  // a softmax row (< {R})")
+        emit(f"float m{j} = NEG_INF;")
+        emit(f"float l{j} = 0.0;")
+        if r.mask is not None:
+            mb, mh, mq = r.mask
+            emit(f"uint rg{j} = rbase + sr{j};")
+            h = f"(g * {r.n_rep}u + rg{j} / {r.lq}u)"
+            qi = f"(rg{j} % {r.lq}u)"
+            emit(f"uint mrow{j} = (({'b' if mb > 1 else '0u'} * {mh}u + "
+                 f"{h if mh > 1 else '0u'}) * {mq}u + {qi if mq > 1 else '0u'}) * LK_CAP;")
+    for i in range(TI):
+        emit(f"uint c{i} = min(sg + {i * NSG}u, {DT - 1}u);  // an output tile")
+        emit(f"{ACC} o{i} = {ACC}(0.0);")
+    if r.prefetch:
+        emit("uint t0 = k0;")
+        load_words("k0", 1, True)
+    emit("barrier();  // the query's rows in sK are read")
+
+    emit("for (uint it = 0u; it < nit; ++it) {")
+    emit(f"{'' if r.prefetch else 'uint '}t0 = k0 + it * {TILE}u;  // this step's first key", 2)
+    if not r.prefetch:
+        load_words("t0", 2, True)
+    store_words(2)
+    if r.prefetch:
+        load_words(f"t0 + {TILE}u", 2, False)  # the next step's words, in flight meanwhile
+    emit("barrier();", 2)
+    # 1. scores (or partial scores) per key block
+    for kbi in range(KBS):
+        kb = f"kb0 + {kbi * NSG}u" if KBS > 1 else "kb0"
+        emit(f"if (t0 + ({kb}) * 16u < k1) {{  // uniform over the subgroup", 2)
+        emit(f"{ACC} acc = {ACC}(0.0);", 3)
+        for i in range(QD):
+            gd = "" if G == 1 or DKT % G == 0 or i < DKT // G else f"if (jq + {i * G}u < {DKT}u) "
+            emit(f"{gd}{{", 3)
+            emit(f"{A16} ka;", 4)
+            emit(f"coopMatLoad(ka, sK, ({kb}) * {16 * KS}u + (jq + {i * G}u) * 4u, {KS}u, {ROW});",
+                 4)
+            emit(f"acc = coopMatMulAdd(ka, qh{i}, acc);", 4)
+            if r.q_split:
+                emit(f"acc = coopMatMulAdd(ka, ql{i}, acc);", 4)
+            emit("}", 3)
+        slot = f"({kb})" if G == 1 else "sg"
+        emit(f"coopMatStore(acc, sS, {slot} * {16 * SS}u, {SS}u, {ROW});", 3)
+        emit("}", 2)
+    emit("barrier();", 2)
+    # 2. online softmax
+    for j in range(RJ):
+        emit(f"if (sr{j} < {R}u) {{  // uniform over the row's lanes", 2)
+        for e in range(KL):
+            emit(f"uint kk{e} = ln % {LPR}u + {LPR * e}u;  // key within the step", 3)
+            parts = " + ".join(
+                f"sS[((kk{e} / 16u + {jj * NKB}u) * 16u + kk{e} % 16u) * {SS}u + sr{j} / 4u]"
+                f"[sr{j} % 4u]" for jj in range(G))
+            emit(f"float s{e} = {parts};", 3)
+            if r.softcap is not None:
+                emit(f"s{e} = SOFTCAP * tanh(clamp(s{e} / SOFTCAP, -15.0, 15.0));", 3)
+            if r.mask is not None:
+                emit(f"s{e} += mask[mrow{j} + min(t0 + kk{e}, LK_CAP - 1u)];", 3)
+            emit(f"s{e} = t0 + kk{e} < k1 ? s{e} : NEG_INF;", 3)
+        mx = "s0"
+        for e in range(1, KL):
+            mx = f"max({mx}, s{e})"
+        emit(f"float mx = {mx};", 3)
+        emit(f"for (uint off = {LPR // 2}u; off >= 1u; off >>= 1u) "
+             "mx = max(mx, subgroupShuffleXor(mx, off));", 3)
+        emit(f"float mn = max(m{j}, mx);", 3)
+        emit(f"float al = (m{j} == NEG_INF) ? 0.0 : exp(m{j} - mn);", 3)
+        emit("float sum = 0.0;", 3)
+        for e in range(KL):
+            emit(f"float p{e} = (s{e} == NEG_INF) ? 0.0 : exp(s{e} - mn);", 3)
+            emit(f"sP[sr{j} * {PS}u + kk{e} / 4u][kk{e} % 4u] = float16_t(p{e});", 3)
+            emit(f"sum += p{e};", 3)
+        emit(f"for (uint off = {LPR // 2}u; off >= 1u; off >>= 1u) "
+             "sum += subgroupShuffleXor(sum, off);", 3)
+        emit(f"l{j} = l{j} * al + sum;", 3)
+        emit(f"m{j} = mn;", 3)
+        emit(f"if (ln % {LPR}u == 0u) sAl[sr{j}] = al;", 3)
+        emit("}", 2)
+    emit("barrier();", 2)
+    # 3. rescale, then O += P V
+    emit("bool resc = false;", 2)
+    emit(f"for (uint rr = 0u; rr < {R}u; ++rr) resc = resc || sAl[rr] != 1.0;", 2)
+    emit("if (resc) {  // uniform over the workgroup", 2)
+    for i in range(TI):
+        emit(f"coopMatStore(o{i}, sS, sg * {16 * SS}u, {SS}u, {ROW});", 3)
+        emit("barrier();", 3)
+        emit("for (uint e = ln; e < 64u; e += 32u) "
+             f"if (e / 4u < {R}u) sS[sg * {16 * SS}u + e / 4u * {SS}u + e % 4u] *= sAl[e / 4u];",
+             3)
+        emit("barrier();", 3)
+        emit(f"coopMatLoad(o{i}, sS, sg * {16 * SS}u, {SS}u, {ROW});", 3)
+        emit("barrier();", 3)
+    emit("}", 2)
+    for kb in range(NKB):
+        emit(f"if (t0 + {kb * 16}u < k1) {{  // uniform over the workgroup", 2)
+        emit(f"{A16} pa;", 3)
+        emit(f"coopMatLoad(pa, sP, {kb * 4}u, {PS}u, {ROW});", 3)
+        for i in range(TI):
+            gd = "" if DT % NSG == 0 else f"if (sg + {i * NSG}u < {DT}u) "
+            emit(f"{gd}{{", 3)
+            emit(f"{B16} vb;", 4)
+            emit(f"coopMatLoad(vb, sV, {kb * 16 * VS}u + c{i} * 4u, {VS}u, {ROW});", 4)
+            emit(f"o{i} = coopMatMulAdd(pa, vb, o{i});", 4)
+            emit("}", 3)
+        emit("}", 2)
+    emit("barrier();  // sK, sV, sP are read before the next step writes them", 2)
+    emit("}")
+
+    # the rows' (m, l), then each subgroup's tiles out (every subgroup takes every barrier)
+    for j in range(RJ):
+        emit(f"if (sr{j} < {R}u && ln % {LPR}u == 0u) {{ sM[sr{j}] = m{j}; sL[sr{j}] = l{j}; }}")
+    for i in range(TI):
+        emit("barrier();")
+        emit(f"coopMatStore(o{i}, sS, sg * {16 * SS}u, {SS}u, {ROW});")
+        emit("barrier();")
+        own = "" if DT % NSG == 0 else f" || sg + {i * NSG}u >= {DT}u"
+        emit("for (uint e = ln; e < 64u; e += 32u) {")
+        emit("uint rr = e / 4u;", 2)
+        emit(f"if (rr >= {R}u{own}) continue;", 2)
+        emit(f"uint orow = bg * {GR}u + rbase + rr;", 2)
+        emit(f"uint col = c{i} * 16u + e % 4u * 4u;", 2)
+        emit(f"vec4 val = sS[sg * {16 * SS}u + rr * {SS}u + e % 4u];", 2)
+
+        def put(bname: str, base: str, scale: str, ind: int) -> None:
+            for cc, comp in enumerate("xyzw"):
+                emit(f"{bname}[{base} + {cc}u] = val.{comp}{scale};", ind)
+
+        if split:
+            if fused:
+                emit("if (nact == 1u) {  // the only split with keys: the output itself", 2)
+                put("dst", f"orow * {DV}u + col", " / sL[rr]", 3)
+                emit("continue;", 3)
+                emit("}", 2)
+            put(pdst, f"(orow * {r.splits}u + split) * {DV + 2}u + col", "", 2)
+        else:
+            put("dst", f"orow * {DV}u + col", " / sL[rr]", 2)  # no key seen: 0/0 = NaN
+        emit("}")
+    if split:
+        cond = f"lane < {R}u" + (" && nact != 1u" if fused else "")
+        emit(f"if ({cond}) {{")
+        emit(f"uint pb = ((bg * {GR}u + rbase + lane) * {r.splits}u + split) * {DV + 2}u;", 2)
+        emit(f"{pdst}[pb + {DV}u] = sM[lane];", 2)
+        emit(f"{pdst}[pb + {DV + 1}u] = sL[lane];", 2)
+        emit("}")
+    if fused:
+        emit_fused_combine(r, emit, "lane")
+
+    consts = [
+        "layout(push_constant) uniform Push { uint lk; } pc;  // keys per K/V head (stride)",
+        f"#define SCALE {float_lit(r.scale)}",
+        f"#define NEG_INF {NEG_INF}",
+    ]
+    if r.softcap is not None:
+        consts.append(f"#define SOFTCAP {float_lit(r.softcap)}")
+    ext = [
+        "#extension GL_EXT_control_flow_attributes : require",
+        "#extension GL_KHR_shader_subgroup_basic : require",
+        "#extension GL_KHR_shader_subgroup_shuffle : require",
+        "#extension GL_KHR_memory_scope_semantics : require",
+        "#extension GL_KHR_cooperative_matrix : require",
+        "#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require",
+        "#extension GL_EXT_shader_16bit_storage : require",
+    ]
+    return (
+        "#version 450\n" + "\n".join(ext) + "\n"
+        + f"layout(local_size_x = {WG}) in;\n"
+        + f"// {r.describe().replace(f'Lk={r.lk}', 'Lk=pc.lk')}\n"
+        + "\n".join(binds) + "\n" + "\n".join(consts) + "\n" + "\n".join(shared)
+        + "\n\nvoid main() {\n" + "\n".join(L) + "\n}\n"
+    )
