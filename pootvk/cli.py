@@ -160,6 +160,13 @@ def kernel_summary(req: object) -> str:
         return (f"group of {len(req.parts)} independent launches as one "
                 f"({'+'.join(map(str, req.part_groups))} workgroups x {req.local_size}): "
                 + "; ".join(kernel_summary(p) for p in req.parts))
+    if isinstance(req, DecodeRequest) and req.matrix:
+        extra = ", fused combine" if req.splits > 1 and req.fused_combine else ""
+        return (f"tensor-core split-KV ({req.matrix_load} cooperative matrices "
+                f"{req.matrix}x{req.matrix}x{req.matrix}): {req.workgroups} workgroups x "
+                f"{req.local_size} lanes ({req.rows_per_wg} rows each, {req.tile} keys/step"
+                f"{', query hi+lo' if req.q_split else ''}), splits={req.splits}{extra}, "
+                f"K/V {req.kv_dtype}, {req.shared_bytes} B workgroup memory{_split_note(req)}")
     if isinstance(req, DecodeRequest):
         extra = ", fused combine" if req.splits > 1 and req.fused_combine else ""
         return (f"grouped split-KV: {req.workgroups} workgroups x {req.local_size} lanes "

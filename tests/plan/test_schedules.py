@@ -138,6 +138,8 @@ def test_split_key_plan_builds_no_broadcast_key(capsys, profile):
     assert f"K/V read: {lk * (512 + 64 + 512) * item} B" in out
     assert "shared 64" in out  # the attention kernel is the split-key one
     assert "split key (k_shared 64 wide, read once for every head)" in kernels[0]
+    # the H200 lists 16x16x16 f16 cooperative matrices: the tensor-core kernel serves it
+    assert ("tensor-core split-KV (staged" in kernels[0]) == (profile == "nvidia_h200")
 
 
 def test_split_key_mla_schedule_fits_the_registers_and_compiles():
