@@ -32,13 +32,18 @@ TYPES = (
 
 
 #: VK_KHR_cooperative_matrix arrived in Vulkan 1.3.255. A validation layer older than that
-#: (Debian bookworm's is 1.3.239) cannot parse a cooperative-matrix shader: it reports the
-#: SPIR-V capability (6022, CooperativeMatrixKHR), the SPIR-V extension and the module built
-#: on them as invalid, though the device lists the extension and pootvk enables it. Those
+#: (Debian bookworm's is 1.3.239) does not know it: it reports the extension and its feature
+#: struct (1000506000) at device creation, and the SPIR-V capability (6022,
+#: CooperativeMatrixKHR), the SPIR-V extension and the module built on them as invalid,
+#: though the device lists the extension and pootvk enables it. Those
 #: messages, and only those, are not counted while the layer predates the extension; with
 #: a newer layer every message counts again.
 COOPMAT_LAYER_VERSION = (1, 3, 255)
 COOPMAT_FALSE_ALARMS = (
+    # vkCreateDevice: the extension's feature struct and the extension itself
+    "pNext chain includes a structure with unknown VkStructureType (1000506000)",
+    "Device Extension VK_KHR_cooperative_matrix is not supported by this layer",
+    # vkCreateShaderModule: a shader using it
     "Invalid capability operand: 6022",
     "(SPV_KHR_cooperative_matrix) was declared that is not supported by Vulkan",
     "A SPIR-V Capability (Unhandled OpCapability) was declared that is not supported",

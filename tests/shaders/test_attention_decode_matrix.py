@@ -33,7 +33,7 @@ from tests.shaders.test_attention_decode import (
 H200 = recorded_profile("nvidia_h200")
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def mdevice(device):
     p = DecodeProblem(b=1, hq=4, hkv=1, lq=1, lk=128, dk=64, dv=64, scale=0.1, kv_dtype="f16")
     if not matrix_supported(p, device.profile, device.profile.subgroup_shuffle):
