@@ -162,7 +162,7 @@ def kernel_summary(req: object) -> str:
                 + "; ".join(kernel_summary(p) for p in req.parts))
     if isinstance(req, DecodeRequest) and req.matrix:
         extra = ", fused combine" if req.splits > 1 and req.fused_combine else ""
-        return (f"tensor-core split-KV ({req.matrix_load} cooperative matrices "
+        return (f"tensor-core split-KV (staged cooperative matrices "
                 f"{req.matrix}x{req.matrix}x{req.matrix}): {req.workgroups} workgroups x "
                 f"{req.local_size} lanes ({req.rows_per_wg} rows each, {req.tile} keys/step"
                 f"{', query hi+lo' if req.q_split else ''}), splits={req.splits}{extra}, "

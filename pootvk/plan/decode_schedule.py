@@ -209,20 +209,16 @@ class DecodeRequest(_GroupShape):
     #: t of row b, KV head g is pool row clamp(read[b, t], 0, S - 1) * Hkv + g; S is a push
     #: constant, so one kernel serves every pool size.
     pool_slots: int = 0
-    #: tensor-core kernel (``pootvk.shaders.attention_decode_matrix``): 16 = subgroup-scope
+    #: tensor-core kernel (``pootvk.shaders.attention_decode_staged``): 16 = subgroup-scope
     #: 16x16x16 cooperative matrices (f16 operands, f32 accumulators; K, V, the query rows
-    #: and the softmax weights P as f16). Each 32-lane subgroup takes 16 keys per step
-    #: (``lanes_per_key`` = 32, ``keys_per_iter`` = 16); the query rows of a block, padded to
-    #: 16, are one matrix dimension. 0: the scalar lane-group kernel.
+    #: and the softmax weights P as f16), K/V tiles staged through workgroup memory. The
+    #: lanes are whole 32-lane subgroups (``lanes_per_key`` = 32) and ``keys_per_iter`` is
+    #: the step's keys per subgroup (the tile is local_size / 32 * keys_per_iter); the query
+    #: rows of a block, padded to 16, are one matrix dimension. 0: the scalar lane-group kernel.
     matrix: int = 0
     #: matrix kernel: the scaled query is held as two f16 parts (hi + lo, two products per
-    #: key block), so rounding it to f16 costs no accuracy; off where workgroup memory is short
+    #: key block), so rounding it to f16 costs no accuracy (needs a tile of >= 32 keys)
     q_split: bool = False
-    #: matrix kernel: "staged" (K/V tiles copied with 16-byte loads into workgroup memory,
-    #: every matrix operand loaded from there; ``keys_per_iter`` is then the step's keys per
-    #: subgroup, so the tile is local_size / 32 * keys_per_iter) or "direct" (K and V matrix
-    #: loads straight from the buffers, 16 keys per subgroup per step)
-    matrix_load: str = "staged"
 
     # --- derived ---------------------------------------------------------------------------
     @property
@@ -278,12 +274,9 @@ class DecodeRequest(_GroupShape):
     @property
     def shared_bytes(self) -> int:
         fused = self.splits if self.splits > 1 and self.fused_combine else 0
-        if self.matrix and self.matrix_load == "staged":
+        if self.matrix:
             return staged_shared_bytes(self.local_size // 32, self.tile, self.dk, self.dv,
                                        self.rows_per_wg, fused)
-        if self.matrix:
-            return matrix_shared_bytes(self.local_size // 32, self.dk, self.rows_per_wg,
-                                       self.q_split, fused)
         return decode_shared_bytes(self.local_size, self.lanes_per_key, self.keys_per_iter,
                                    self.rows_per_wg, self.dv, self.subgroup, fused)
 
@@ -347,7 +340,7 @@ class DecodeRequest(_GroupShape):
             f"{'' if self.dot_reduce == _DEFAULT_DOT_REDUCE else self.dot_reduce + ' '}"
             f"{'' if self.lazy_rescale == _DEFAULT_LAZY else _LAZY_TAG[self.lazy_rescale]}"
             f"{f'min_chunk={self.min_chunk} ' if self.min_chunk else ''}"
-            f"{f'coopmat{self.matrix} {self.matrix_load} ' if self.matrix else ''}"
+            f"{f'coopmat{self.matrix} ' if self.matrix else ''}"
             f"{'qsplit ' if self.q_split else ''}"
             f"grid={self.grid[0]}x{self.grid[1]}"
         )
@@ -404,24 +397,6 @@ def decode_shared_bytes(local_size: int, lanes_per_key: int, keys_per_iter: int,
         * local_size * 4
     combine = 4 * (2 * rows * fused_splits + rows) if fused_splits else 0
     return fold + red + combine + LAST_FLAG_BYTES
-
-
-def matrix_shared_bytes(subgroups: int, dk: int, rows: int, q_split: bool,
-                        fused_splits: int = 0) -> int:
-    """Workgroup memory of the matrix kernel: the block's query rows padded to 16 as f16
-    (twice with ``q_split``), one step's scores (16 keys x 16 rows f32 per subgroup) and
-    weights (16 rows x the step's keys, f16), the rows' rescale factors and final (m, l), one
-    16x16 f32 tile and one 16x16 f16 tile per subgroup (accumulator round trips, the
-    zero-padded last value block), the arrival flag and the fused combine's weights."""
-    tile = 16 * subgroups
-    # every matrix row padded by 16 bytes (bank conflicts), as the generator lays them out
-    q = 16 * (dk * 2 + 16) * (2 if q_split else 1)
-    scores = tile * (16 * 4 + 16) + 16 * (tile * 2 + 16)
-    rows16 = 16 * 4 * 3  # sAl, sM, sL
-    per_sg = subgroups * 16 * (16 * 2 + 16)  # the zero-padded value block (round trips reuse
-    # the score rows)
-    combine = 16 * (2 * -(-rows * fused_splits // 4) + -(-rows // 4)) if fused_splits else 0
-    return q + scores + rows16 + per_sg + combine + 16  # the arrival flag, a 16-byte vector
 
 
 def staged_shared_bytes(subgroups: int, tile: int, dk: int, dv: int, rows: int,
@@ -494,6 +469,47 @@ def default_splits(p: DecodeProblem, profile: DeviceProfile, blocks: int, tile: 
     if splits <= 1:
         return 1
     return -(-p.lk // chunk_for(p.lk, splits, tile))  # no split left empty at full length
+
+
+def _split_count(p: DecodeProblem, profile: DeviceProfile, blocks: int, tile: int,
+                 force_splits: int | None, max_splits: int) -> int:
+    """The forced split count, else ``default_splits``; unsplit when the partials would pass
+    the binding range (a forced count that does raises ScratchBytes)."""
+    splits = max(1, int(force_splits)) if force_splits is not None else \
+        default_splits(p, profile, blocks, tile, max_splits)
+    need = p.b * p.hq * p.lq * splits * (p.dv + 2) * 4
+    if splits > 1 and need > profile.max_storage_buffer_range:
+        if force_splits is not None:
+            raise ScratchBytes(need, profile.max_storage_buffer_range)
+        return 1  # keep unsplit when the partials pass the binding range
+    return splits
+
+
+def _fused_combine(profile: DeviceProfile, groups: int, splits: int,
+                   force_splits: int | None, fused_override: object,
+                   min_chunk_override: object) -> tuple[bool, int]:
+    """(fused combine, min_chunk) for ``groups`` workgroups of ``splits`` splits.
+
+    Fused combine (the last split to finish combines): saves the second launch (~4 us on
+    the H200) when the partials run as one wave of at most 16 splits; with several waves
+    each workgroup's release fence delays the next wave, and with 64 splits the last
+    workgroup's combine is a serial tail: two launches measured faster there
+    ((1,8,1,65536) F32 63.6 us vs 88.3; (32,32,8,2048) split 2: 140.8 vs 153.8).
+
+    A fused split's chunk is at least MIN_CHUNK keys at run time too: a live length far
+    under the capacity runs on the splits it needs and, under MIN_CHUNK keys, on one that
+    writes the output itself (H200, SmolLM2's (1,9,3,4160) D=64 F32: one split 8.0 us at
+    1 key and 8.4 at 128 against 10.2-10.4 for 13 fused splits). A forced split count
+    keeps its exact chunking (tests run partial and empty chunks through it).
+    """
+    cu = profile.compute_units
+    fused = (groups <= WAVES_PER_CU * cu and splits <= MAX_SPLITS) if cu else True
+    if fused_override is not None:
+        fused = bool(fused_override)
+    min_chunk = MIN_CHUNK if fused and splits > 1 and force_splits is None else 0
+    if min_chunk_override is not None:
+        min_chunk = int(min_chunk_override)
+    return fused, min_chunk
 
 
 def choose_decode_schedule(
@@ -642,17 +658,8 @@ def choose_decode_schedule(
             raise AttentionLds(p.dv, need, profile.max_workgroup_memory)
 
     blocks = p.group_rows // rows
-    tile = (local // lanes) * kpi
-    if force_splits is not None:
-        splits = max(1, int(force_splits))
-    else:
-        splits = default_splits(p, profile, blocks, tile, max_splits)
+    splits = _split_count(p, profile, blocks, (local // lanes) * kpi, force_splits, max_splits)
     out_rows = p.b * p.hq * p.lq
-    if splits > 1 and out_rows * splits * (p.dv + 2) * 4 > profile.max_storage_buffer_range:
-        if force_splits is not None:
-            raise ScratchBytes(out_rows * splits * (p.dv + 2) * 4,
-                               profile.max_storage_buffer_range)
-        splits = 1  # keep unsplit when the partials pass the binding range
     groups = p.b * p.hkv * blocks * splits
     cu = profile.compute_units
     # Once the launch has a workgroup per compute unit, 128-lane workgroups pack the SMs
@@ -663,23 +670,9 @@ def choose_decode_schedule(
     if cu and "local_size" not in ov_keys and groups >= cu and local > 128 and \
             not (bytes_ == 2 and rows == 1) and profile.device_type != "cpu":
         local = max(128, lanes, sub if subgroup else 1)
-    # Fused combine (the last split to finish combines): saves the second launch (~4 us on
-    # the H200) when the partials run as one wave of at most 16 splits; with several waves
-    # each workgroup's release fence delays the next wave, and with 64 splits the last
-    # workgroup's combine is a serial tail: two launches measured faster there
-    # ((1,8,1,65536) F32 63.6 us vs 88.3; (32,32,8,2048) split 2: 140.8 vs 153.8).
-    fused = (groups <= WAVES_PER_CU * cu and splits <= MAX_SPLITS) if cu else True
-    if fused_override is not None:
-        fused = bool(fused_override)
+    fused, min_chunk = _fused_combine(profile, groups, splits, force_splits, fused_override,
+                                      min_chunk_override)
     combine_groups = -(-out_rows * p.dv // COMBINE_LOCAL)
-    # A fused split's chunk is at least MIN_CHUNK keys at run time too: a live length far
-    # under the capacity runs on the splits it needs and, under MIN_CHUNK keys, on one that
-    # writes the output itself (H200, SmolLM2's (1,9,3,4160) D=64 F32: one split 8.0 us at
-    # 1 key and 8.4 at 128 against 10.2-10.4 for 13 fused splits). A forced split count
-    # keeps its exact chunking (tests run partial and empty chunks through it).
-    min_chunk = MIN_CHUNK if fused and splits > 1 and force_splits is None else 0
-    if min_chunk_override is not None:
-        min_chunk = int(min_chunk_override)
     r = DecodeRequest(
         b=p.b, hq=p.hq, hkv=p.hkv, lq=p.lq, lk=p.lk, dk=p.dk, dv=p.dv, scale=float(p.scale),
         softcap=None if p.softcap is None else float(p.softcap), mask=p.mask,
@@ -744,19 +737,10 @@ def _check_matrix(r: DecodeRequest, bad) -> None:
     if r.local_size % 32 or r.lanes_per_key != 32 or not r.subgroup:
         raise bad("the matrix kernel's lanes are whole 32-lane subgroups")
     nsg, nkb = r.local_size // 32, r.tile // 16
-    if r.matrix_load == "direct":
-        if r.lk % 16 or r.lk < 16:
-            raise bad("the direct matrix kernel needs a capacity that is a multiple of 16")
-        if r.keys_per_iter != 16:
-            raise bad("the direct matrix kernel takes 16 keys per subgroup step")
-    elif r.matrix_load == "staged":
-        if r.tile % 16 or not nkb or (nkb % nsg and nsg % nkb):
-            raise bad("the staged tile is whole 16-key blocks that divide or are divided by "
-                      "the subgroups")
-        if r.q_split and r.tile < 32:
-            raise bad("the staged kernel keeps the query's lo part in tile rows 16..31")
-    else:
-        raise bad("matrix_load must be 'staged' or 'direct'")
+    if r.tile % 16 or not nkb or (nkb % nsg and nsg % nkb):
+        raise bad("the tile is whole 16-key blocks that divide or are divided by the subgroups")
+    if r.q_split and r.tile < 32:
+        raise bad("the matrix kernel keeps the query's lo part in tile rows 16..31")
     if r.splits < 1 or (r.min_chunk and not (r.splits > 1 and r.fused_combine)):
         raise bad("splits >= 1; min_chunk needs a fused split")
 
@@ -782,11 +766,7 @@ MATRIX_MIN_STATE = 4096
 #: take MATRIX_SUBGROUPS_WIDE (the MLA shape: 473 us at 8 against 837 at 4, H200).
 MATRIX_SUBGROUPS = 4
 MATRIX_SUBGROUPS_WIDE = 8
-#: Registers (32-bit) a lane may spend on in-flight K/V blocks and the accumulators before
-#: the matrix kernel stops prefetching (a 16x16 f16 block is 4 registers a lane, an f32
-#: accumulator 8): D=128 prefetches (112), the MLA shape (Dk 576, Dv 512) does not.
-MATRIX_PREFETCH_REGS = 160
-#: The staged kernel prefetches the next tile's 16-byte words while they take at most this
+#: The matrix kernel prefetches the next tile's 16-byte words while they take at most this
 #: many registers a lane (D=128, 64 keys, 128 lanes: 64; the MLA shape, 16 keys, 256: 40).
 MATRIX_PREFETCH_WORD_REGS = 64
 
@@ -795,8 +775,7 @@ def matrix_supported(p: DecodeProblem, profile: DeviceProfile, has_subgroup_shuf
     """Whether the tensor-core kernel can serve ``p`` on ``profile``: the device lists the
     16x16x16 f16 -> f32 cooperative matrix (VK_KHR_cooperative_matrix), 32-lane subgroups
     with shuffles, f16 arithmetic and 16-bit storage; dense f16 K/V whose widths are
-    multiples of 16 (the direct variant also wants a capacity that is a multiple of 16,
-    checked with its request)."""
+    multiples of 16."""
     ex = profile.extra
     return (COOPMAT_SHAPE in (ex.get("coopmat") or ()) and profile.subgroup_size == 32
             and has_subgroup_shuffle and bool(ex.get("shader_float16"))
@@ -811,60 +790,36 @@ def _choose_matrix(p: DecodeProblem, profile: DeviceProfile, force_splits: int |
     subgroups, the query split into hi + lo f16 parts where workgroup memory allows,
     prefetch where registers allow, splits and the fused combine as the scalar kernel's."""
     rows = int(ov.pop("rows_per_wg", _rows_per_wg(p.group_rows, 16)))
-    load = str(ov.pop("matrix_load", "staged"))
     wide = p.dv >= 256
     nsg = MATRIX_SUBGROUPS_WIDE if wide else MATRIX_SUBGROUPS
     nsg = int(ov.pop("local_size", 32 * nsg)) // 32
-    dkt, dt = p.dk // 16, p.dv // 16
-    ti = -(-dt // nsg)
-    if load == "direct":
-        tile = 16 * nsg
-        regs = 8 * dkt + 4 * nsg * ti + 8 * ti
-        prefetch = bool(ov.pop("prefetch", regs <= MATRIX_PREFETCH_REGS))
-    else:
-        # a step's tile: 16 keys for wide heads (K and V rows of 1-2 KiB: a tile of 16 is
-        # ~35 KB of workgroup memory), else 16 keys per subgroup; shrunk to fit
-        tile = int(ov.pop("tile", 16 if wide else 16 * nsg))
-        while tile > 16 and staged_shared_bytes(nsg, tile, p.dk, p.dv, rows, MAX_SPLITS) > \
-                profile.max_workgroup_memory:
-            tile //= 2
-        words = -(-tile * (p.dk + p.dv) // 8 // (32 * nsg))  # 16-byte words a lane holds
-        prefetch = bool(ov.pop("prefetch", 4 * words <= MATRIX_PREFETCH_WORD_REGS))
+    # a step's tile: 16 keys for wide heads (K and V rows of 1-2 KiB: a tile of 16 is ~35 KB
+    # of workgroup memory), else 16 keys per subgroup; shrunk to fit
+    tile = int(ov.pop("tile", 16 if wide else 16 * nsg))
+    while tile > 16 and staged_shared_bytes(nsg, tile, p.dk, p.dv, rows, MAX_SPLITS) > \
+            profile.max_workgroup_memory:
+        tile //= 2
+    words = -(-tile * (p.dk + p.dv) // 8 // (32 * nsg))  # 16-byte words a lane holds
+    prefetch = bool(ov.pop("prefetch", 4 * words <= MATRIX_PREFETCH_WORD_REGS))
     q_split = ov.pop("q_split", None)
     fused_override = ov.pop("fused_combine", None)
     min_chunk_override = ov.pop("min_chunk", None)
     if ov:
         raise TypeError(f"unknown matrix schedule overrides: {sorted(ov)}")
-    if q_split is None:
-        if load == "direct":
-            q_split = matrix_shared_bytes(nsg, p.dk, rows, True, MAX_SPLITS) <= \
-                profile.max_workgroup_memory
-        else:  # two query parts in registers: the chunks a subgroup uses, twice
-            g = max(1, nsg // (tile // 16))
-            q_split = tile >= 32 and 2 * -(-dkt // g) <= 16
+    if q_split is None:  # two query parts in registers: the chunks a subgroup uses, twice
+        q_split = tile >= 32 and 2 * -(-(p.dk // 16) // max(1, nsg // (tile // 16))) <= 16
     blocks = p.group_rows // rows
-    splits = max(1, int(force_splits)) if force_splits is not None else \
-        default_splits(p, profile, blocks, tile, max_splits)
+    splits = _split_count(p, profile, blocks, tile, force_splits, max_splits)
     out_rows = p.b * p.hq * p.lq
-    if splits > 1 and out_rows * splits * (p.dv + 2) * 4 > profile.max_storage_buffer_range:
-        if force_splits is not None:
-            raise ScratchBytes(out_rows * splits * (p.dv + 2) * 4,
-                               profile.max_storage_buffer_range)
-        splits = 1
     groups = p.b * p.hkv * blocks * splits
-    cu = profile.compute_units
-    fused = (groups <= WAVES_PER_CU * cu and splits <= MAX_SPLITS) if cu else True
-    if fused_override is not None:
-        fused = bool(fused_override)
-    min_chunk = MIN_CHUNK if fused and splits > 1 and force_splits is None else 0
-    if min_chunk_override is not None:
-        min_chunk = int(min_chunk_override)
+    fused, min_chunk = _fused_combine(profile, groups, splits, force_splits, fused_override,
+                                      min_chunk_override)
     r = DecodeRequest(
         b=p.b, hq=p.hq, hkv=p.hkv, lq=p.lq, lk=p.lk, dk=p.dk, dv=p.dv, scale=float(p.scale),
         softcap=None if p.softcap is None else float(p.softcap), mask=p.mask,
         kv_dtype=p.kv_dtype, live_len=p.live_len, splits=splits, rows_per_wg=rows,
         lanes_per_key=32, local_size=32 * nsg, keys_per_iter=tile // nsg, load_elems=8,
-        subgroup=True, matrix_load=load,
+        subgroup=True,
         grid=fold_grid(groups, profile.max_grid),
         combine_grid=fold_grid(-(-out_rows * p.dv // COMBINE_LOCAL), profile.max_grid),
         prefetch=prefetch, fused_combine=fused, dk_shared=p.dk_shared, min_chunk=min_chunk,

@@ -134,14 +134,10 @@ def _scatter_gather(names: list[str], lanes: int, emit) -> None:
 
 @generators.register(DecodeRequest)
 def generate_decode_partial(r: DecodeRequest) -> str:
-    if r.matrix and r.matrix_load == "staged":
+    if r.matrix:
         from .attention_decode_staged import generate_decode_staged
 
         return generate_decode_staged(r)
-    if r.matrix:
-        from .attention_decode_matrix import generate_decode_matrix
-
-        return generate_decode_matrix(r)
     check_request(r)
     W = r.vec
     vt = "vec4" if W == 4 else "float"
@@ -207,45 +203,13 @@ def generate_decode_partial(r: DecodeRequest) -> str:
     def emit(s: str, ind: int = 1) -> None:
         L.append("    " * ind + s)
 
-    emit("uint LK_CAP = pc.lk;  // one kernel serves every length")
-    emit(f"uint wg = {group_id(r.grid[0])};")
-    emit(f"if (wg >= {r.workgroups}u) return;  // uniform over the workgroup")
-    emit(f"uint split = wg % {r.splits}u;")
-    emit(f"uint rest = wg / {r.splits}u;")
-    emit(f"uint rbase = (rest % {r.row_blocks}u) * {R}u;  // first row of this block")
-    emit(f"uint bg = rest / {r.row_blocks}u;  // b * HKV + g")
-    emit(f"uint g = bg % {r.hkv}u;")
-    emit(f"uint b = bg / {r.hkv}u;")
+    emit_chunk_prologue(r, emit)
     if r.subgroup:
         emit("uint lane = gl_SubgroupID * gl_SubgroupSize + gl_SubgroupInvocationID;")
     else:
         emit("uint lane = gl_LocalInvocationID.x;")
     emit(f"uint li = lane % {LPK}u;  // lane within its key group")
     emit(f"uint gi = lane / {LPK}u;  // key group")
-    if r.live_len:
-        # row b's live length, clamped so no length reads outside the buffers; the grid
-        # does not depend on it: a split past it gets an empty chunk (the neutral partial)
-        emit("uint LK = uint(clamp(lens[b], 0, int(LK_CAP)));")
-    else:
-        emit("uint LK = LK_CAP;")
-    if split:
-        emit(f"uint per = (LK + {r.splits - 1}u) / {r.splits}u;")
-        emit(f"uint chunk = (per + {r.tile - 1}u) / {r.tile}u * {r.tile}u;")
-        if r.min_chunk:
-            minc = -(-r.min_chunk // r.tile) * r.tile
-            emit(f"chunk = max(chunk, {minc}u);  // a short length runs on fewer splits")
-        emit("uint k0 = min(split * chunk, LK);")
-        emit("uint k1 = min(k0 + chunk, LK);")
-        if fused:
-            # Splits past the length have nothing to read and nothing to add to the
-            # combine (it folds the active ones only): they leave before any load. One
-            # active split (a length of at most one chunk) writes the output itself.
-            emit("uint nact = LK == 0u ? 1u : (LK + chunk - 1u) / chunk;  // splits with a key")
-            emit("if (split >= nact) return;  // uniform over the workgroup")
-    else:
-        emit("uint k0 = 0u;")
-        emit("uint k1 = LK;")
-    emit(f"uint nit = (k1 - k0 + {r.tile - 1}u) / {r.tile}u;")
     if r.paged:
         # a paged key: key t's K/V rows are pool row read[b, t] * Hkv + g (clamped into
         # the pool, so no map word reads outside the pools' bindings)
@@ -266,12 +230,7 @@ def generate_decode_partial(r: DecodeRequest) -> str:
             emit(f"{vt} q{i}_{x} = q[orow{i} * {DKW}u + {base}(({d * LPK}u + li) * {per}u + "
                  f"{e}u)] * SCALE;")
         if r.mask is not None:
-            mb, mh, mq = r.mask
-            emit(f"uint rg{i} = rbase + {i}u;")
-            h = f"(g * {r.n_rep}u + rg{i} / {r.lq}u)"
-            qi = f"(rg{i} % {r.lq}u)"
-            emit(f"uint mrow{i} = (({'b' if mb > 1 else '0u'} * {mh}u + "
-                 f"{h if mh > 1 else '0u'}) * {mq}u + {qi if mq > 1 else '0u'}) * LK_CAP;")
+            emit(mask_row(r, f"mrow{i}", f"rbase + {i}u"))
         for x in range(NOX):
             emit(f"{vt} o{i}_{x} = {vt}(0.0);")
         emit(f"float m{i} = NEG_INF;")
@@ -537,6 +496,58 @@ def generate_decode_partial(r: DecodeRequest) -> str:
         + "".join(binds) + "\n".join(consts) + "\n" + "\n".join(shared) + "\n" + helpers
         + "\nvoid main() {\n" + "\n".join(L) + "\n}\n"
     )
+
+
+def mask_row(r: DecodeRequest, name: str, row: str) -> str:
+    """``uint name = ...``: the first mask word of the block row ``row`` (rbase + i), its
+    (batch, head, query) indices broadcast where the mask's extent is 1."""
+    mb, mh, mq = r.mask  # type: ignore[misc]
+    h = f"(g * {r.n_rep}u + ({row}) / {r.lq}u)"
+    qi = f"(({row}) % {r.lq}u)"
+    return (f"uint {name} = (({'b' if mb > 1 else '0u'} * {mh}u + {h if mh > 1 else '0u'}) * "
+            f"{mq}u + {qi if mq > 1 else '0u'}) * LK_CAP;")
+
+
+def emit_chunk_prologue(r: DecodeRequest, emit) -> None:
+    """This workgroup's place (split, row block, batch row b, KV head g) and its keys: the
+    live length LK (row b's ``len`` clamped into [0, Lk] when live), the split's chunk
+    [k0, k1) in whole tiles and its step count ``nit``; with the fused combine ``nact``
+    (splits holding a key) and the early exit of the splits past it. Shared by the scalar
+    and the matrix kernels."""
+    R = r.rows_per_wg
+    emit("uint LK_CAP = pc.lk;  // one kernel serves every length")
+    emit(f"uint wg = {group_id(r.grid[0])};")
+    emit(f"if (wg >= {r.workgroups}u) return;  // uniform over the workgroup")
+    emit(f"uint split = wg % {r.splits}u;")
+    emit(f"uint rest = wg / {r.splits}u;")
+    emit(f"uint rbase = (rest % {r.row_blocks}u) * {R}u;  // first row of this block")
+    emit(f"uint bg = rest / {r.row_blocks}u;  // b * HKV + g")
+    emit(f"uint g = bg % {r.hkv}u;")
+    emit(f"uint b = bg / {r.hkv}u;")
+    if r.live_len:
+        # row b's live length, clamped so no length reads outside the buffers; the grid
+        # does not depend on it: a split past it gets an empty chunk (the neutral partial)
+        emit("uint LK = uint(clamp(lens[b], 0, int(LK_CAP)));")
+    else:
+        emit("uint LK = LK_CAP;")
+    if r.splits > 1:
+        emit(f"uint per = (LK + {r.splits - 1}u) / {r.splits}u;")
+        emit(f"uint chunk = (per + {r.tile - 1}u) / {r.tile}u * {r.tile}u;")
+        if r.min_chunk:
+            minc = -(-r.min_chunk // r.tile) * r.tile
+            emit(f"chunk = max(chunk, {minc}u);  // a short length runs on fewer splits")
+        emit("uint k0 = min(split * chunk, LK);")
+        emit("uint k1 = min(k0 + chunk, LK);")
+        if r.fused_combine:
+            # Splits past the length have nothing to read and nothing to add to the
+            # combine (it folds the active ones only): they leave before any load. One
+            # active split (a length of at most one chunk) writes the output itself.
+            emit("uint nact = LK == 0u ? 1u : (LK + chunk - 1u) / chunk;  // splits with a key")
+            emit("if (split >= nact) return;  // uniform over the workgroup")
+    else:
+        emit("uint k0 = 0u;")
+        emit("uint k1 = LK;")
+    emit(f"uint nit = (k1 - k0 + {r.tile - 1}u) / {r.tile}u;")
 
 
 def emit_fused_combine(r: DecodeRequest, emit, lane: str) -> None:

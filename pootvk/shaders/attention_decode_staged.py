@@ -1,5 +1,9 @@
-"""GLSL for the staged tensor-core decode kernel (``DecodeRequest.matrix`` with
-``matrix_load="staged"``).
+"""GLSL for the tensor-core decode kernel (``DecodeRequest.matrix`` = 16): cooperative
+matrices fed from K/V tiles staged in workgroup memory.
+
+Why tensor cores: with 16-bit K/V the scalar kernel's per-key work (every query row's dot
+and P.V per 16-bit word, in F32 FMAs) bounds wide heads (the MLA decode shape does ~128
+FLOP per byte: no FP32 kernel passes 11.8% of the H200's read ceiling there).
 
 Why staged: on the H200's driver a cooperative-matrix load straight from a storage buffer
 costs about one memory latency and the loads of one step barely overlap
@@ -29,15 +33,15 @@ One workgroup per (batch row, KV head, row block, split), ``NSG`` subgroups, ``T
 Workgroup memory moves between lanes only across workgroup barriers (the shader runs under
 the Vulkan memory model, where subgroup barriers do not order these private accesses), and
 every shared variable is a multiple of 16 bytes long (a matrix load misreads rows that are
-not 16-byte aligned). The end is the direct kernel's: (m, l) per row, each subgroup's tiles
-out (normalised, or the split's partial), the fused combine.
+not 16-byte aligned). The end: (m, l) per row, each subgroup's tiles out (normalised, or
+the split's partial), the fused combine of the scalar kernel (``emit_fused_combine``).
 """
 
 from __future__ import annotations
 
 from ..plan.decode_schedule import DecodeRequest, check_request
-from .attention_decode import NEG_INF, emit_fused_combine
-from .common import float_lit, group_id
+from .attention_decode import NEG_INF, emit_chunk_prologue, emit_fused_combine, mask_row
+from .common import float_lit
 
 CM = "coopmat<{t}, gl_ScopeSubgroup, 16, 16, gl_MatrixUse{u}>"
 A16 = CM.format(t="float16_t", u="A")
@@ -109,33 +113,10 @@ def generate_decode_staged(r: DecodeRequest) -> str:
     def emit(s: str, ind: int = 1) -> None:
         L.append("    " * ind + s)
 
-    emit("uint LK_CAP = pc.lk;")
-    emit(f"uint wg = {group_id(r.grid[0])};")
-    emit(f"if (wg >= {r.workgroups}u) return;  // uniform over the workgroup")
-    emit(f"uint split = wg % {r.splits}u;")
-    emit(f"uint rest = wg / {r.splits}u;")
-    emit(f"uint rbase = (rest % {r.row_blocks}u) * {R}u;  // first row of this block")
-    emit(f"uint bg = rest / {r.row_blocks}u;  // b * HKV + g")
-    emit(f"uint g = bg % {r.hkv}u;")
-    emit(f"uint b = bg / {r.hkv}u;")
+    emit_chunk_prologue(r, emit)
     emit("uint lane = gl_LocalInvocationIndex;")
     emit("uint sg = gl_SubgroupID;")
     emit("uint ln = gl_SubgroupInvocationID;")
-    emit("uint LK = " + ("uint(clamp(lens[b], 0, int(LK_CAP)));" if r.live_len else "LK_CAP;"))
-    if split:
-        emit(f"uint per = (LK + {r.splits - 1}u) / {r.splits}u;")
-        emit(f"uint chunk = (per + {TILE - 1}u) / {TILE}u * {TILE}u;")
-        if r.min_chunk:
-            emit(f"chunk = max(chunk, {-(-r.min_chunk // TILE) * TILE}u);")
-        emit("uint k0 = min(split * chunk, LK);")
-        emit("uint k1 = min(k0 + chunk, LK);")
-        if fused:
-            emit("uint nact = LK == 0u ? 1u : (LK + chunk - 1u) / chunk;  // splits with a key")
-            emit("if (split >= nact) return;  // uniform over the workgroup")
-    else:
-        emit("uint k0 = 0u;")
-        emit("uint k1 = LK;")
-    emit(f"uint nit = (k1 - k0 + {TILE - 1}u) / {TILE}u;")
     emit("uint kvrow = bg * LK_CAP;  // first key row of this KV head")
     if DS:
         emit("uint ksrow = b * LK_CAP;  // first k_shared row of this batch row")
@@ -209,12 +190,7 @@ def generate_decode_staged(r: DecodeRequest) -> str:
         emit(f"float m{j} = NEG_INF;")
         emit(f"float l{j} = 0.0;")
         if r.mask is not None:
-            mb, mh, mq = r.mask
-            emit(f"uint rg{j} = rbase + sr{j};")
-            h = f"(g * {r.n_rep}u + rg{j} / {r.lq}u)"
-            qi = f"(rg{j} % {r.lq}u)"
-            emit(f"uint mrow{j} = (({'b' if mb > 1 else '0u'} * {mh}u + "
-                 f"{h if mh > 1 else '0u'}) * {mq}u + {qi if mq > 1 else '0u'}) * LK_CAP;")
+            emit(mask_row(r, f"mrow{j}", f"rbase + sr{j}"))
     for i in range(TI):
         emit(f"uint c{i} = min(sg + {i * NSG}u, {DT - 1}u);  // an output tile")
         emit(f"{ACC} o{i} = {ACC}(0.0);")

@@ -105,67 +105,40 @@ class Device:
         keep: list[Any] = []
         nxt: Any = ffi.NULL
         extra = chosen.profile.extra
+
+        def feature(ctype: str, stype: int, **enable: int) -> None:
+            """Chain one feature struct (kept alive until vkCreateDevice returns)."""
+            nonlocal nxt
+            nxt = ffi.new(ctype + "*", {"sType": stype, "pNext": nxt, **enable})
+            keep.append(nxt)
+
         if extra.get("shader_float16"):
-            f16 = ffi.new(
-                "VkPhysicalDeviceShaderFloat16Int8Features*",
-                {
-                    "sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES,
-                    "shaderFloat16": 1,
-                },
-            )
-            keep.append(f16)
-            nxt = f16
+            feature("VkPhysicalDeviceShaderFloat16Int8Features",
+                    vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES,
+                    shaderFloat16=1)
         if extra.get("storage_buffer_16bit"):
-            s16 = ffi.new(
-                "VkPhysicalDevice16BitStorageFeatures*",
-                {
-                    "sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES,
-                    "pNext": nxt,
-                    "storageBuffer16BitAccess": 1,
-                },
-            )
-            keep.append(s16)
-            nxt = s16
+            feature("VkPhysicalDevice16BitStorageFeatures",
+                    vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES,
+                    storageBuffer16BitAccess=1)
         #: VK_KHR_pipeline_executable_properties with pipelineExecutableInfo enabled: a
         #: pipeline can capture the driver's statistics (see Pipeline.statistics()).
         self.pipeline_executable_info = pipeline_executable_info(
             chosen.handle, chosen.extensions
         )
         if self.pipeline_executable_info:
-            pe = ffi.new(
-                "VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR*",
-                {
-                    "sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR,  # noqa: E501
-                    "pNext": nxt,
-                    "pipelineExecutableInfo": 1,
-                },
-            )
-            keep.append(pe)
-            nxt = pe
+            feature("VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR",
+                    vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR,
+                    pipelineExecutableInfo=1)
         exts: list[str] = []
         if extra.get("coopmat"):
-            # the tensor-core decode kernels (GL_KHR_cooperative_matrix)
-            cm = ffi.new(
-                "VkPhysicalDeviceCooperativeMatrixFeaturesKHR*",
-                {
-                    "sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR,
-                    "pNext": nxt,
-                    "cooperativeMatrix": 1,
-                },
-            )
-            keep.append(cm)
-            # glslang compiles cooperative-matrix shaders under the Vulkan memory model
-            vmm = ffi.new(
-                "VkPhysicalDeviceVulkanMemoryModelFeatures*",
-                {
-                    "sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES,
-                    "pNext": cm,
-                    "vulkanMemoryModel": 1,
-                    "vulkanMemoryModelDeviceScope": 1,
-                },
-            )
-            keep.append(vmm)
-            nxt = vmm
+            # the tensor-core decode kernel (GL_KHR_cooperative_matrix), which glslang
+            # compiles under the Vulkan memory model
+            feature("VkPhysicalDeviceCooperativeMatrixFeaturesKHR",
+                    vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR,
+                    cooperativeMatrix=1)
+            feature("VkPhysicalDeviceVulkanMemoryModelFeatures",
+                    vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES,
+                    vulkanMemoryModel=1, vulkanMemoryModelDeviceScope=1)
             exts.append(COOPMAT_EXT)
         if self.pipeline_executable_info:
             exts.append(PIPELINE_EXECUTABLE_EXT)
@@ -184,7 +157,8 @@ class Device:
             ppEnabledExtensionNames=exts or None,
         )
         self.handle = call(vk.vkCreateDevice, chosen.handle, dci, None)
-        del dci, qcis, qci, priorities, keep
+        del dci, qcis, qci, priorities
+        keep.clear()
         self.queue = vk.vkGetDeviceQueue(self.handle, self.queue_family, 0)
         pool_info = vk.VkCommandPoolCreateInfo(
             flags=vk.VK_COMMAND_POOL_CREATE_TRANSIENT_BIT

@@ -65,10 +65,7 @@ def test_matrix_shapes_and_splits(mdevice, shape, splits):
 
 @pytest.mark.parametrize("variant", [{}, {"prefetch": False}, {"q_split": False},
                                      {"local_size": 256}, {"local_size": 64},
-                                     {"fused_combine": False}, {"tile": 16}, {"tile": 32},
-                                     {"matrix_load": "direct"},
-                                     {"matrix_load": "direct", "prefetch": False},
-                                     {"matrix_load": "direct", "local_size": 256}])
+                                     {"fused_combine": False}, {"tile": 16}, {"tile": 32}])
 def test_matrix_variants(mdevice, variant):
     mcase(mdevice, b=1, hq=16, hkv=2, lk=512, dk=128, dv=128, splits=3, ov=variant)
 
@@ -203,11 +200,8 @@ def test_matrix_is_planned_only_where_the_device_lists_it():
                                    overrides={"matrix": 16})
     assert choose_decode_schedule(p, H200, has_subgroup_shuffle=True,
                                   overrides={"matrix": 0}).matrix == 0
-    # the staged kernel takes any capacity; the direct one wants multiples of 16
+    # any capacity: the copy into workgroup memory clamps its rows
     assert choose_decode_schedule(replace(p, lk=1000), H200, has_subgroup_shuffle=True).matrix
-    with pytest.raises(ShapeError):
-        choose_decode_schedule(replace(p, lk=1000), H200, has_subgroup_shuffle=True,
-                               overrides={"matrix_load": "direct"})
 
 
 def test_matrix_rules_on_the_h200_profile():
@@ -226,7 +220,7 @@ def test_matrix_rules_on_the_h200_profile():
                         kv_dtype="f16", dk_shared=64)
     m = choose_decode_schedule(mla, H200, has_subgroup_shuffle=True)
     assert m.matrix == 16 and m.rows_per_wg == 16 and m.row_blocks == 8
-    assert m.local_size == 256 and m.tile == 16 and m.matrix_load == "staged"
+    assert m.local_size == 256 and m.tile == 16
     assert m.prefetch and not m.q_split  # 9 words a lane in flight; lo part needs 32 rows
     assert m.shared_bytes <= H200.max_workgroup_memory
 
