@@ -126,6 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=20)
     a = ap.parse_args(argv)
     dev = Device()
+    if "16x16x16 f16 f16 f32 f32" not in (dev.profile.extra.get("coopmat") or ()):
+        print(f"# {dev.name} lists no 16x16x16 f16 -> f32 cooperative matrix "
+              "(VK_KHR_cooperative_matrix): nothing to probe")
+        dev.close()
+        return 2
     clock = SmClock(dev.name)
     ceil = read_ceiling(dev)
     print(f"# {dev.name}: read ceiling {ceil.gbps:.0f} GB/s", flush=True)
