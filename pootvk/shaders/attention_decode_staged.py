@@ -50,6 +50,12 @@ ACC = CM.format(t="float", u="Accumulator")
 ROW, COL = "gl_CooperativeMatrixLayoutRowMajor", "gl_CooperativeMatrixLayoutColumnMajor"
 
 
+#: How far (natural log) a row's running max may pass its reference before the reference
+#: moves and the accumulators are rescaled: the weights exp(s - m) stay <= e^8 ~ 2981,
+#: which f16 holds exactly to its 11 bits (FlashAttention-4's conditional rescaling).
+RESCALE_SLACK = 8.0
+
+
 def _x4(n: int) -> int:
     return -(-n // 4) * 4
 
@@ -246,8 +252,15 @@ def generate_decode_staged(r: DecodeRequest) -> str:
         emit(f"float mx = {mx};", 3)
         emit(f"for (uint off = {LPR // 2}u; off >= 1u; off >>= 1u) "
              "mx = max(mx, subgroupShuffleXor(mx, off));", 3)
+        # The row's reference max moves only when the step's max passes it by more than
+        # RESCALE_SLACK: until then the weights exp(s - m) stay below e^8 (f16 holds them,
+        # l and O in f32 too), and the accumulators need no round trip. With 16 rows a max
+        # moved on most steps (1/n per row and step), and every move cost the whole
+        # workgroup three barriers per accumulator tile.
         emit(f"float mn = max(m{j}, mx);", 3)
-        emit(f"float al = (m{j} == NEG_INF) ? 0.0 : exp(m{j} - mn);", 3)
+        emit(f"bool up = mn > m{j} + RESCALE_SLACK;  // (from -inf: any key)", 3)
+        emit(f"float al = up ? ((m{j} == NEG_INF) ? 0.0 : exp(m{j} - mn)) : 1.0;", 3)
+        emit(f"mn = up ? mn : m{j};", 3)
         emit("float sum = 0.0;", 3)
         for e in range(KL):
             emit(f"float p{e} = (s{e} == NEG_INF) ? 0.0 : exp(s{e} - mn);", 3)
@@ -261,8 +274,11 @@ def generate_decode_staged(r: DecodeRequest) -> str:
         emit("}", 2)
     emit("barrier();", 2)
     # 3. rescale, then O += P V
+    # a row whose first key arrived (al = 0) holds zero accumulators (or NaN, which a
+    # zero factor keeps): only 0 < al < 1 (or NaN) needs the round trip
     emit("bool resc = false;", 2)
-    emit(f"for (uint rr = 0u; rr < {R}u; ++rr) resc = resc || sAl[rr] != 1.0;", 2)
+    emit(f"for (uint rr = 0u; rr < {R}u; ++rr) resc = resc || !(sAl[rr] == 1.0 || "
+         "sAl[rr] == 0.0);", 2)
     emit("if (resc) {  // uniform over the workgroup", 2)
     for i in range(TI):
         emit(f"coopMatStore(o{i}, sS, sg * {16 * SS}u, {SS}u, {ROW});", 3)
@@ -332,6 +348,7 @@ def generate_decode_staged(r: DecodeRequest) -> str:
         "layout(push_constant) uniform Push { uint lk; } pc;  // keys per K/V head (stride)",
         f"#define SCALE {float_lit(r.scale)}",
         f"#define NEG_INF {NEG_INF}",
+        f"#define RESCALE_SLACK {float_lit(RESCALE_SLACK)}",
     ]
     if r.softcap is not None:
         consts.append(f"#define SOFTCAP {float_lit(r.softcap)}")
