@@ -57,11 +57,14 @@ def _devices(args: argparse.Namespace) -> int:
     for d in physical_devices():
         p = d.profile
         cu = f", {p.compute_units} compute units" if p.compute_units else ""
+        cm = p.extra.get("coopmat") or ()
+        tc = (f", cooperative matrices {'; '.join(cm)} (tensor-core decode)" if cm else
+              ", no cooperative matrices")
         print(
             f"[{d.index}] {d.name} ({d.device_type}, {p.driver}, Vulkan {p.api_version}): "
             f"{p.max_workgroup_memory // 1024} KiB workgroup memory, "
             f"grid {p.max_grid[0]}, binding range {p.max_storage_buffer_range >> 20} MiB, "
-            f"subgroup {p.subgroup_size}{cu}"
+            f"subgroup {p.subgroup_size}{cu}{tc}"
         )
     return 0
 

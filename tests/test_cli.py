@@ -5,8 +5,12 @@ from pootvk import cli, devices
 
 def test_devices_lists_the_default(capsys, device):
     assert cli.main(["devices"]) == 0
-    assert device.name in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert device.name in out
     assert any(d.name == device.name for d in devices())
+    # whether the tensor-core decode kernel can run there, with the shapes it would use
+    cm = device.profile.extra.get("coopmat")
+    assert (f"cooperative matrices {'; '.join(cm)}" if cm else "no cooperative matrices") in out
 
 
 def test_demo_checks_against_the_oracle(capsys, device):
