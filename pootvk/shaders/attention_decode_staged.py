@@ -27,8 +27,8 @@ One workgroup per (batch row, KV head, row block, split), ``NSG`` subgroups, ``T
    lane of a row holds its m, l), the step's max and sum by xor shuffles, P as f16 to
    workgroup memory, the rescale factor too.
 3. Each subgroup owns the 16-column output tiles ``c = s + i NSG`` as f32 accumulators:
-   when a row's max moved they make a round trip through the subgroup's score rows to be
-   rescaled; then ``O += P V`` per key block.
+   when a row's reference max moved (only past RESCALE_SLACK, rarely) they make a round
+   trip through the subgroup's score rows to be rescaled; then ``O += P V`` per key block.
 
 Workgroup memory moves between lanes only across workgroup barriers (the shader runs under
 the Vulkan memory model, where subgroup barriers do not order these private accesses), and
