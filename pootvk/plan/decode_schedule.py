@@ -786,9 +786,11 @@ def matrix_supported(p: DecodeProblem, profile: DeviceProfile, has_subgroup_shuf
 def _choose_matrix(p: DecodeProblem, profile: DeviceProfile, force_splits: int | None,
                    max_splits: int, ov: dict) -> DecodeRequest:
     """The matrix kernel's schedule (see DecodeRequest.matrix): rows per workgroup the
-    largest divisor of the group up to 16 (one matrix dimension), MATRIX_SUBGROUPS
-    subgroups, the query split into hi + lo f16 parts where workgroup memory allows,
-    prefetch where registers allow, splits and the fused combine as the scalar kernel's."""
+    largest divisor of the group up to 16 (one matrix dimension); MATRIX_SUBGROUPS
+    subgroups (MATRIX_SUBGROUPS_WIDE for dv >= 256) and a tile of 16 keys per subgroup
+    (16 for wide heads), halved until the workgroup memory fits; the next tile prefetched
+    and the query held as hi + lo f16 parts where registers allow; splits and the fused
+    combine by the scalar kernel's rules (``_split_count``, ``_fused_combine``)."""
     rows = int(ov.pop("rows_per_wg", _rows_per_wg(p.group_rows, 16)))
     wide = p.dv >= 256
     nsg = MATRIX_SUBGROUPS_WIDE if wide else MATRIX_SUBGROUPS
