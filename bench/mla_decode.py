@@ -118,6 +118,9 @@ def sweep(shape, default: DecodeRequest | None, compute_units: int | None) -> li
         base = default.workgroups // default.splits
         out = [{"schedule": "grouped", "local_size": 128}, {"schedule": "grouped", "matrix": 0},
                {"schedule": "grouped", "rows_per_wg": 8},
+               {"schedule": "grouped", "rows_per_wg": 32},
+               {"schedule": "grouped", "rows_per_wg": 32, "splits": 33},
+               {"schedule": "grouped", "rows_per_wg": 32, "splits": 16},
                {"schedule": "grouped", "prefetch": False}]
         for sp in sorted({max(1, default.splits // 2), default.splits * 2,
                           -(-4 * (compute_units or 8) // max(1, base))} - {default.splits}):

@@ -406,10 +406,11 @@ def staged_shared_bytes(subgroups: int, tile: int, dk: int, dv: int, rows: int,
     whichever is more), the weights P (16 rows x the tile, padded), the rows' rescale
     factors and (m, l), the arrival flag and the fused combine's weights (every variable a
     multiple of 16 bytes, as the generator lays them out)."""
+    rt = -(-rows // 16)  # 16-row tiles
     kv = tile * (2 * dk + 16) + tile * (2 * dv + 16)
-    scores = 16 * max(tile // 16, subgroups) * 80 + 16 * (2 * tile + 16)
+    scores = 16 * max(rt * tile // 16, subgroups) * 80 + 16 * rt * (2 * tile + 16)
     combine = 16 * (2 * -(-rows * fused_splits // 4) + -(-rows // 4)) if fused_splits else 0
-    return kv + scores + 3 * 64 + 16 + combine
+    return kv + scores + 3 * 64 * rt + 16 + combine
 
 
 LAST_FLAG_BYTES = 4  # shared uint s_last of the fused combine
@@ -732,8 +733,10 @@ def _check_matrix(r: DecodeRequest, bad) -> None:
         raise bad("the matrix kernel reads dense f16 K/V")
     if any(w % 16 for w in (*r.key_widths, r.dv)):
         raise bad("the matrix kernel needs head widths that are multiples of 16")
-    if not 1 <= r.rows_per_wg <= 16 or r.group_rows % r.rows_per_wg:
-        raise bad("the matrix kernel serves 1..16 query rows per workgroup, dividing the group")
+    if not 1 <= r.rows_per_wg <= 32 or r.group_rows % r.rows_per_wg:
+        raise bad("the matrix kernel serves 1..32 query rows per workgroup, dividing the group")
+    if (r.local_size // 32) % -(-r.rows_per_wg // 16):
+        raise bad("the subgroups split evenly over the 16-row tiles")
     if r.local_size % 32 or r.lanes_per_key != 32 or not r.subgroup:
         raise bad("the matrix kernel's lanes are whole 32-lane subgroups")
     nsg, nkb = r.local_size // 32, r.tile // 16

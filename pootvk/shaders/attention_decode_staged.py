@@ -70,19 +70,24 @@ def generate_decode_staged(r: DecodeRequest) -> str:
     DS = r.dk_shared
     DKN = DK - DS
     DKT, DT = DK // 16, DV // 16
-    G = max(1, NSG // NKB)  # subgroups sharing one key block (partial scores)
-    KBS = max(1, NKB // NSG)  # key blocks per subgroup
+    RT = -(-R // 16)  # 16-row tiles of the block's query rows
+    SR = NSG // RT  # subgroups per row tile (scores)
+    G = max(1, SR // NKB)  # subgroups sharing one (row tile, key block): partial scores
+    KBS = max(1, NKB // SR)  # key blocks per subgroup
     QD = -(-DKT // G)  # query chunks per subgroup
-    TI = -(-DT // NSG)  # output tiles per subgroup
+    OT = RT * DT  # output tiles (row tile, 16 columns)
+    TI = -(-OT // NSG)  # output tiles per subgroup
     LPR = min(32, TILE)  # lanes per softmax row
     RPS = 32 // LPR  # softmax rows per subgroup pass
     KL = TILE // LPR  # scores per lane per row
     RJ = -(-R // (NSG * RPS))  # softmax passes
     KS, VS, SS, PS = DK // 4 + 2, DV // 4 + 2, 5, TILE // 4 + 2  # row strides in vectors
-    SROWS = 16 * max(NKB, NSG)  # score rows (keys, or partials) in sS
+    SLOTS = RT * NKB * G  # (row tile, key block, part) score tiles
+    SROWS = 16 * max(SLOTS, NSG)  # 16 x 16 tiles in sS (also one round-trip tile a subgroup)
     split = r.splits > 1
     fused = split and r.fused_combine
     assert not r.q_split or TILE >= 32  # the lo part is staged in sK rows 16..31
+    assert NSG % RT == 0 and R <= 16 * RT
 
     binds: list[str] = []
 
@@ -107,8 +112,9 @@ def generate_decode_staged(r: DecodeRequest) -> str:
     pdst = "part" if fused else "dst"
 
     shared = [f"shared f16vec4 sK[{TILE * KS}];", f"shared f16vec4 sV[{TILE * VS}];",
-              f"shared vec4 sS[{SROWS * SS}];", f"shared f16vec4 sP[{16 * PS}];",
-              "shared float sAl[16];", "shared float sM[16];", "shared float sL[16];",
+              f"shared vec4 sS[{SROWS * SS}];", f"shared f16vec4 sP[{16 * RT * PS}];",
+              f"shared float sAl[{16 * RT}];", f"shared float sM[{16 * RT}];",
+              f"shared float sL[{16 * RT}];",
               "shared uvec4 s_last4;", "#define s_last s_last4.x"]
     if fused:
         shared += [f"shared float s_cw[{_x4(R * r.splits)}];",
@@ -164,32 +170,44 @@ def generate_decode_staged(r: DecodeRequest) -> str:
                  f"unpackFloat2x16({var}.w)) : f16vec4(0.0);", ind + 1)
             emit("}", ind)
 
-    # --- the query: rows scaled to f16 in sK (lo parts in rows 16..31), then registers -------
-    emit(f"for (uint i = lane; i < {16 * DK // 4}u; i += {WG}u) {{")
-    emit(f"uint rr = i / {DK // 4}u;", 2)
-    emit(f"uint qb = (bg * {GR}u + rbase + rr) * {DK}u + i % {DK // 4}u * 4u;", 2)
-    emit(f"vec4 x = rr < {R}u ? vec4(q[qb], q[qb + 1u], q[qb + 2u], q[qb + 3u]) * SCALE"
-         " : vec4(0.0);", 2)
-    emit("f16vec4 h = f16vec4(x);", 2)
-    emit(f"sK[rr * {KS}u + i % {DK // 4}u] = h;", 2)
-    if r.q_split:
-        emit(f"sK[(rr + 16u) * {KS}u + i % {DK // 4}u] = f16vec4(x - vec4(h));  // f16's rest",
-             2)
-    emit("}")
-    emit(f"for (uint i = lane; i < {16 * PS}u; i += {WG}u) sP[i] = f16vec4(0.0);  // rows >= R")
-    emit("barrier();")
-    emit(f"uint kb0 = sg % {NKB}u;  // this subgroup's (first) key block" if G > 1 else
-         f"uint kb0 = sg;  // this subgroup's first key block (then + {NSG} ...)")
-    emit(f"uint jq = sg / {NKB}u;  // its share of the channels: chunks jq, jq + {G} ..."
+    # --- the query: each row tile in turn scaled to f16 in sK (lo parts in rows 16..31), and
+    # the subgroups of that tile load the chunks they use into registers
+    emit(f"for (uint i = lane; i < {16 * RT * PS}u; i += {WG}u) "
+         "sP[i] = f16vec4(0.0);  // rows >= R stay zero")
+    emit(f"uint rt = sg / {SR}u;  // this subgroup's row tile (scores)")
+    emit(f"uint sq = sg % {SR}u;  // its place among the tile's subgroups")
+    emit(f"uint kb0 = sq % {NKB}u;  // its (first) key block" if G > 1 else
+         f"uint kb0 = sq;  // its first key block (then + {SR} ...)")
+    emit(f"uint jq = sq / {NKB}u;  // its share of the channels: chunks jq, jq + {G} ..."
          if G > 1 else "uint jq = 0u;")
     for i in range(QD):
-        gd = "" if G == 1 or DKT % G == 0 or i < DKT // G else f"if (jq + {i * G}u < {DKT}u) "
         emit(f"{B16} qh{i};")
-        emit(f"{gd}coopMatLoad(qh{i}, sK, min(jq + {i * G}u, {DKT - 1}u) * 4u, {KS}u, {COL});")
         if r.q_split:
             emit(f"{B16} ql{i};")
-            emit(f"{gd}coopMatLoad(ql{i}, sK, {16 * KS}u + min(jq + {i * G}u, {DKT - 1}u) * 4u, "
-                 f"{KS}u, {COL});")
+    for t in range(RT):
+        emit(f"for (uint i = lane; i < {16 * DK // 4}u; i += {WG}u) {{")
+        emit(f"uint rr = {16 * t}u + i / {DK // 4}u;", 2)
+        emit(f"uint qb = (bg * {GR}u + rbase + rr) * {DK}u + i % {DK // 4}u * 4u;", 2)
+        emit(f"vec4 x = rr < {R}u ? vec4(q[qb], q[qb + 1u], q[qb + 2u], q[qb + 3u]) * SCALE"
+             " : vec4(0.0);", 2)
+        emit("f16vec4 h = f16vec4(x);", 2)
+        emit(f"sK[(rr - {16 * t}u) * {KS}u + i % {DK // 4}u] = h;", 2)
+        if r.q_split:
+            emit(f"sK[(rr - {16 * t - 16}u) * {KS}u + i % {DK // 4}u] = f16vec4(x - vec4(h));"
+                 "  // f16's rest", 2)
+        emit("}")
+        emit("barrier();")
+        emit(f"if (rt == {t}u) {{  // uniform over the subgroup")
+        for i in range(QD):
+            gd = "" if G == 1 or DKT % G == 0 or i < DKT // G else \
+                f"if (jq + {i * G}u < {DKT}u) "
+            emit(f"{gd}coopMatLoad(qh{i}, sK, min(jq + {i * G}u, {DKT - 1}u) * 4u, {KS}u, {COL});",
+                 2)
+            if r.q_split:
+                emit(f"{gd}coopMatLoad(ql{i}, sK, {16 * KS}u + min(jq + {i * G}u, {DKT - 1}u) * 4u,"
+                     f" {KS}u, {COL});", 2)
+        emit("}")
+        emit("barrier();  // the tile's query rows in sK are read")
     # softmax rows of this subgroup
     for j in range(RJ):
         emit(f"uint sr{j} = (sg + {j * NSG}u) * {RPS}u + ln / {LPR}u;  // a softmax row (< {R})")
@@ -198,12 +216,13 @@ def generate_decode_staged(r: DecodeRequest) -> str:
         if r.mask is not None:
             emit(mask_row(r, f"mrow{j}", f"rbase + sr{j}"))
     for i in range(TI):
-        emit(f"uint c{i} = min(sg + {i * NSG}u, {DT - 1}u);  // an output tile")
+        emit(f"uint ot{i} = min(sg + {i * NSG}u, {OT - 1}u);  // an output tile (row tile, cols)")
+        emit(f"uint orb{i} = ot{i} / {DT}u * 16u;  // its first row")
+        emit(f"uint c{i} = ot{i} % {DT}u;  // its 16 columns")
         emit(f"{ACC} o{i} = {ACC}(0.0);")
     if r.prefetch:
         emit("uint t0 = k0;")
         load_words("k0", 1, True)
-    emit("barrier();  // the query's rows in sK are read")
 
     emit("for (uint it = 0u; it < nit; ++it) {")
     emit(f"{'' if r.prefetch else 'uint '}t0 = k0 + it * {TILE}u;  // this step's first key", 2)
@@ -215,7 +234,7 @@ def generate_decode_staged(r: DecodeRequest) -> str:
     emit("barrier();", 2)
     # 1. scores (or partial scores) per key block
     for kbi in range(KBS):
-        kb = f"kb0 + {kbi * NSG}u" if KBS > 1 else "kb0"
+        kb = f"kb0 + {kbi * SR}u" if KBS > 1 else "kb0"
         emit(f"if (t0 + ({kb}) * 16u < k1) {{  // uniform over the subgroup", 2)
         emit(f"{ACC} acc = {ACC}(0.0);", 3)
         for i in range(QD):
@@ -228,7 +247,8 @@ def generate_decode_staged(r: DecodeRequest) -> str:
             if r.q_split:
                 emit(f"acc = coopMatMulAdd(ka, ql{i}, acc);", 4)
             emit("}", 3)
-        slot = f"({kb})" if G == 1 else "sg"
+        # score tile (row tile, part, key block) = rt * NKB * G + jq * NKB + kb
+        slot = f"(rt * {NKB * G}u + jq * {NKB}u + {kb})"
         emit(f"coopMatStore(acc, sS, {slot} * {16 * SS}u, {SS}u, {ROW});", 3)
         emit("}", 2)
     emit("barrier();", 2)
@@ -238,8 +258,8 @@ def generate_decode_staged(r: DecodeRequest) -> str:
         for e in range(KL):
             emit(f"uint kk{e} = ln % {LPR}u + {LPR * e}u;  // key within the step", 3)
             parts = " + ".join(
-                f"sS[((kk{e} / 16u + {jj * NKB}u) * 16u + kk{e} % 16u) * {SS}u + sr{j} / 4u]"
-                f"[sr{j} % 4u]" for jj in range(G))
+                f"sS[((sr{j} / 16u * {NKB * G}u + {jj * NKB}u + kk{e} / 16u) * 16u + kk{e} % 16u)"
+                f" * {SS}u + sr{j} % 16u / 4u][sr{j} % 4u]" for jj in range(G))
             emit(f"float s{e} = {parts};", 3)
             if r.softcap is not None:
                 emit(f"s{e} = SOFTCAP * tanh(clamp(s{e} / SOFTCAP, -15.0, 15.0));", 3)
@@ -284,19 +304,23 @@ def generate_decode_staged(r: DecodeRequest) -> str:
         emit(f"coopMatStore(o{i}, sS, sg * {16 * SS}u, {SS}u, {ROW});", 3)
         emit("barrier();", 3)
         emit("for (uint e = ln; e < 64u; e += 32u) "
-             f"if (e / 4u < {R}u) sS[sg * {16 * SS}u + e / 4u * {SS}u + e % 4u] *= sAl[e / 4u];",
-             3)
+             f"if (orb{i} + e / 4u < {R}u) sS[sg * {16 * SS}u + e / 4u * {SS}u + e % 4u] *= "
+             f"sAl[orb{i} + e / 4u];", 3)
         emit("barrier();", 3)
         emit(f"coopMatLoad(o{i}, sS, sg * {16 * SS}u, {SS}u, {ROW});", 3)
         emit("barrier();", 3)
     emit("}", 2)
     for kb in range(NKB):
         emit(f"if (t0 + {kb * 16}u < k1) {{  // uniform over the workgroup", 2)
-        emit(f"{A16} pa;", 3)
-        emit(f"coopMatLoad(pa, sP, {kb * 4}u, {PS}u, {ROW});", 3)
+        if RT == 1:
+            emit(f"{A16} pa;", 3)
+            emit(f"coopMatLoad(pa, sP, {kb * 4}u, {PS}u, {ROW});", 3)
         for i in range(TI):
-            gd = "" if DT % NSG == 0 else f"if (sg + {i * NSG}u < {DT}u) "
+            gd = "" if OT % NSG == 0 else f"if (sg + {i * NSG}u < {OT}u) "
             emit(f"{gd}{{", 3)
+            if RT > 1:  # the weights of this tile's rows
+                emit(f"{A16} pa;", 4)
+                emit(f"coopMatLoad(pa, sP, orb{i} * {PS}u + {kb * 4}u, {PS}u, {ROW});", 4)
             emit(f"{B16} vb;", 4)
             emit(f"coopMatLoad(vb, sV, {kb * 16 * VS}u + c{i} * 4u, {VS}u, {ROW});", 4)
             emit(f"o{i} = coopMatMulAdd(pa, vb, o{i});", 4)
@@ -312,13 +336,13 @@ def generate_decode_staged(r: DecodeRequest) -> str:
         emit("barrier();")
         emit(f"coopMatStore(o{i}, sS, sg * {16 * SS}u, {SS}u, {ROW});")
         emit("barrier();")
-        own = "" if DT % NSG == 0 else f" || sg + {i * NSG}u >= {DT}u"
+        own = "" if OT % NSG == 0 else f" || sg + {i * NSG}u >= {OT}u"
         emit("for (uint e = ln; e < 64u; e += 32u) {")
-        emit("uint rr = e / 4u;", 2)
+        emit(f"uint rr = orb{i} + e / 4u;  // the block row", 2)
         emit(f"if (rr >= {R}u{own}) continue;", 2)
         emit(f"uint orow = bg * {GR}u + rbase + rr;", 2)
         emit(f"uint col = c{i} * 16u + e % 4u * 4u;", 2)
-        emit(f"vec4 val = sS[sg * {16 * SS}u + rr * {SS}u + e % 4u];", 2)
+        emit(f"vec4 val = sS[sg * {16 * SS}u + e / 4u * {SS}u + e % 4u];", 2)
 
         def put(bname: str, base: str, scale: str, ind: int) -> None:
             for cc, comp in enumerate("xyzw"):

@@ -63,6 +63,45 @@ def test_matrix_shapes_and_splits(mdevice, shape, splits):
     mcase(mdevice, b=b, hq=hq, hkv=hkv, lq=lq, lk=lk, dk=dk, dv=dv, splits=splits)
 
 
+@pytest.mark.parametrize("shape,rows", [  # b, hq, hkv, lq, lk, dk, dv; rows per workgroup
+    ((1, 64, 2, 1, 256, 128, 128), 32),
+    ((2, 32, 1, 1, 200, 96, 64), 32),  # two row tiles, a live-free partial last tile
+    ((1, 24, 1, 1, 128, 64, 64), 24),  # the second row tile half full
+], ids=lambda x: "x".join(map(str, x)) if isinstance(x, tuple) else str(x))
+@pytest.mark.parametrize("variant", [{}, {"local_size": 256}, {"local_size": 256, "tile": 16},
+                                     {"fused_combine": False}])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_matrix_two_row_tiles(mdevice, shape, rows, variant, splits):
+    """Up to 32 query rows a workgroup (two 16-row tiles sharing each staged K/V tile)."""
+    b, hq, hkv, lq, lk, dk, dv = shape
+    req, _ = mcase(mdevice, b=b, hq=hq, hkv=hkv, lq=lq, lk=lk, dk=dk, dv=dv, splits=splits,
+                   ov={"rows_per_wg": rows, **variant})
+    assert req.rows_per_wg == rows
+
+
+def test_matrix_two_row_tiles_split_key(mdevice):
+    """The MLA layout (split key, wide value) with 32 rows a workgroup, small."""
+    b, hq, hkv, lk, dkn, s, dv = 1, 64, 1, 160, 256, 64, 256
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((b, hq, 1, dkn + s), dtype=np.float32)
+    kn = rng.standard_normal((b, hkv, lk, dkn), dtype=np.float32)
+    kp = rng.standard_normal((b, 1, lk, s), dtype=np.float32)
+    v = rng.standard_normal((b, hkv, lk, dv), dtype=np.float32)
+    scale = (dkn + s) ** -0.5
+    p = DecodeProblem(b=b, hq=hq, hkv=hkv, lq=1, lk=lk, dk=dkn + s, dv=dv, scale=scale,
+                      kv_dtype="f16", dk_shared=s)
+    for splits in (1, 3):
+        req = choose_decode_schedule(p, mdevice.profile, has_subgroup_shuffle=True,
+                                     force_splits=splits, overrides={"matrix": 16,
+                                                                     "rows_per_wg": 32})
+        kns, kn64 = to_storage(kn, "f16")
+        kps, kp64 = to_storage(kp, "f16")
+        vs, v64 = to_storage(v, "f16")
+        got = _run_split_key(mdevice, req, q, kns, kps, vs)
+        k64 = np.concatenate([kn64, np.broadcast_to(kp64, (b, hkv, lk, s))], -1)
+        check(got, reference(q, k64, v64, None, scale, None))
+
+
 @pytest.mark.parametrize("variant", [{}, {"prefetch": False}, {"q_split": False},
                                      {"local_size": 256}, {"local_size": 64},
                                      {"fused_combine": False}, {"tile": 16}, {"tile": 32}])
