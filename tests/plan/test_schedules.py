@@ -160,12 +160,11 @@ def test_split_key_mla_schedule_fits_the_registers_and_compiles():
     for prof, matrix in ((h200, 16), (scalar_only, 0)):
         r = plan_graph(compile_graph(g), prof).kernels[0].request
         assert isinstance(r, DecodeRequest) and r.dk_shared == 64 and r.matrix == matrix
-        if matrix:
-            assert r.shared_bytes <= prof.max_workgroup_memory and r.rows_per_wg == 16
+        if matrix:  # two 16-row tiles a workgroup, one workgroup per SM
+            assert r.shared_bytes <= prof.max_workgroup_memory and r.rows_per_wg == 32
+            assert r.workgroups == prof.compute_units and r.splits == 33
         else:
             assert r.rows_per_wg * (576 + 512) <= 2 * REG_FLOATS * r.lanes_per_key
-        # 8 row blocks x 16 splits = 128 matrix workgroups on 132 SMs (32 splits measured
-        # the same, 467 us against 473)
         assert r.workgroups >= 0.9 * prof.compute_units
         assert r.kv_bytes == 32768 * (512 + 64 + 512) * 2
         src = generate(r)
