@@ -81,25 +81,8 @@ def test_matrix_two_row_tiles(mdevice, shape, rows, variant, splits):
 
 def test_matrix_two_row_tiles_split_key(mdevice):
     """The MLA layout (split key, wide value) with 32 rows a workgroup, small."""
-    b, hq, hkv, lk, dkn, s, dv = 1, 64, 1, 160, 256, 64, 256
-    rng = np.random.default_rng(5)
-    q = rng.standard_normal((b, hq, 1, dkn + s), dtype=np.float32)
-    kn = rng.standard_normal((b, hkv, lk, dkn), dtype=np.float32)
-    kp = rng.standard_normal((b, 1, lk, s), dtype=np.float32)
-    v = rng.standard_normal((b, hkv, lk, dv), dtype=np.float32)
-    scale = (dkn + s) ** -0.5
-    p = DecodeProblem(b=b, hq=hq, hkv=hkv, lq=1, lk=lk, dk=dkn + s, dv=dv, scale=scale,
-                      kv_dtype="f16", dk_shared=s)
-    for splits in (1, 3):
-        req = choose_decode_schedule(p, mdevice.profile, has_subgroup_shuffle=True,
-                                     force_splits=splits, overrides={"matrix": 16,
-                                                                     "rows_per_wg": 32})
-        kns, kn64 = to_storage(kn, "f16")
-        kps, kp64 = to_storage(kp, "f16")
-        vs, v64 = to_storage(v, "f16")
-        got = _run_split_key(mdevice, req, q, kns, kps, vs)
-        k64 = np.concatenate([kn64, np.broadcast_to(kp64, (b, hkv, lk, s))], -1)
-        check(got, reference(q, k64, v64, None, scale, None))
+    split_key_case(mdevice, (1, 64, 1, 160, 256, 64, 256), (1, 3), seed=5,
+                   overrides={"rows_per_wg": 32})
 
 
 @pytest.mark.parametrize("variant", [{}, {"prefetch": False}, {"q_split": False},
@@ -142,8 +125,15 @@ def test_matrix_live_length_ignores_nan_past_it(mdevice, n, splits):
 
 def test_matrix_split_key(mdevice):
     """A split key (k [.., Dk - s] + k_shared [B, 1, Lk, s]) as the MLA decode shape, small."""
-    b, hq, hkv, lk, dkn, s, dv = 1, 32, 1, 256, 128, 32, 128
-    rng = np.random.default_rng(3)
+    split_key_case(mdevice, (1, 32, 1, 256, 128, 32, 128), (1, 4), seed=3)
+
+
+def split_key_case(device, shape, splits_list, seed, overrides=None):
+    """Random q, k (Dk - s wide), k_shared (s), v at ``shape`` = (b, hq, hkv, lk, Dk - s, s,
+    Dv) through the matrix kernel at each split count, against the float64 reference of the
+    materialised key."""
+    b, hq, hkv, lk, dkn, s, dv = shape
+    rng = np.random.default_rng(seed)
     q = rng.standard_normal((b, hq, 1, dkn + s), dtype=np.float32)
     kn = rng.standard_normal((b, hkv, lk, dkn), dtype=np.float32)
     kp = rng.standard_normal((b, 1, lk, s), dtype=np.float32)
@@ -151,14 +141,15 @@ def test_matrix_split_key(mdevice):
     scale = (dkn + s) ** -0.5
     p = DecodeProblem(b=b, hq=hq, hkv=hkv, lq=1, lk=lk, dk=dkn + s, dv=dv, scale=scale,
                       kv_dtype="f16", dk_shared=s)
-    for splits in (1, 4):
-        req = choose_decode_schedule(p, mdevice.profile, has_subgroup_shuffle=True,
-                                     force_splits=splits, overrides={"matrix": 16})
-        kns, kn64 = to_storage(kn, "f16")
-        kps, kp64 = to_storage(kp, "f16")
-        vs, v64 = to_storage(v, "f16")
-        got = _run_split_key(mdevice, req, q, kns, kps, vs)
-        k64 = np.concatenate([kn64, np.broadcast_to(kp64, (b, hkv, lk, s))], -1)
+    kns, kn64 = to_storage(kn, "f16")
+    kps, kp64 = to_storage(kp, "f16")
+    vs, v64 = to_storage(v, "f16")
+    k64 = np.concatenate([kn64, np.broadcast_to(kp64, (b, hkv, lk, s))], -1)
+    for splits in splits_list:
+        req = choose_decode_schedule(p, device.profile, has_subgroup_shuffle=True,
+                                     force_splits=splits,
+                                     overrides={"matrix": 16, **(overrides or {})})
+        got = _run_split_key(device, req, q, kns, kps, vs)
         check(got, reference(q, k64, v64, None, scale, None))
 
 
