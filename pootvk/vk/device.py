@@ -32,6 +32,7 @@ from .physical import (
     physical_devices,
     pipeline_executable_info,
     select,
+    struct_chain,
 )
 from .pipeline import Pipeline, pipeline_key
 
@@ -99,47 +100,40 @@ class Device:
             queueFamilyIndex=self.queue_family, queueCount=1, pQueuePriorities=priorities
         )
         qcis = [qci]
-        # Enable the 16-bit features the profile reports, so 16-bit kernels can run;
-        # nothing else is needed by generated kernels.
-        ffi = vk.ffi
-        keep: list[Any] = []
-        nxt: Any = ffi.NULL
+        # Enable the features the profile reports that generated kernels use (16-bit types,
+        # cooperative matrices) and pipeline statistics where the driver has them.
         extra = chosen.profile.extra
-
-        def feature(ctype: str, stype: int, **enable: int) -> None:
-            """Chain one feature struct (kept alive until vkCreateDevice returns)."""
-            nonlocal nxt
-            nxt = ffi.new(ctype + "*", {"sType": stype, "pNext": nxt, **enable})
-            keep.append(nxt)
-
+        features: list[tuple[str, int, dict[str, Any]]] = []  # chained into pNext
         if extra.get("shader_float16"):
-            feature("VkPhysicalDeviceShaderFloat16Int8Features",
-                    vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES,
-                    shaderFloat16=1)
+            features.append(("VkPhysicalDeviceShaderFloat16Int8Features",
+                             vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES,
+                             {"shaderFloat16": 1}))
         if extra.get("storage_buffer_16bit"):
-            feature("VkPhysicalDevice16BitStorageFeatures",
-                    vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES,
-                    storageBuffer16BitAccess=1)
+            features.append(("VkPhysicalDevice16BitStorageFeatures",
+                             vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES,
+                             {"storageBuffer16BitAccess": 1}))
         #: VK_KHR_pipeline_executable_properties with pipelineExecutableInfo enabled: a
         #: pipeline can capture the driver's statistics (see Pipeline.statistics()).
         self.pipeline_executable_info = pipeline_executable_info(
             chosen.handle, chosen.extensions
         )
         if self.pipeline_executable_info:
-            feature("VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR",
-                    vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR,
-                    pipelineExecutableInfo=1)
+            features.append(
+                ("VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR",
+                 vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR,
+                 {"pipelineExecutableInfo": 1}))
         exts: list[str] = []
         if extra.get("coopmat"):
             # the tensor-core decode kernel (GL_KHR_cooperative_matrix), which glslang
             # compiles under the Vulkan memory model
-            feature("VkPhysicalDeviceCooperativeMatrixFeaturesKHR",
-                    vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR,
-                    cooperativeMatrix=1)
-            feature("VkPhysicalDeviceVulkanMemoryModelFeatures",
-                    vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES,
-                    vulkanMemoryModel=1, vulkanMemoryModelDeviceScope=1)
+            features.append(("VkPhysicalDeviceCooperativeMatrixFeaturesKHR",
+                             vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR,
+                             {"cooperativeMatrix": 1}))
+            features.append(("VkPhysicalDeviceVulkanMemoryModelFeatures",
+                             vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES,
+                             {"vulkanMemoryModel": 1, "vulkanMemoryModelDeviceScope": 1}))
             exts.append(COOPMAT_EXT)
+        keep = struct_chain(*features)  # alive until vkCreateDevice returns
         if self.pipeline_executable_info:
             exts.append(PIPELINE_EXECUTABLE_EXT)
         if (
@@ -151,7 +145,7 @@ class Device:
         if "VK_KHR_portability_subset" in chosen.extensions:
             exts.append("VK_KHR_portability_subset")  # required when present (MoltenVK)
         dci = vk.VkDeviceCreateInfo(
-            pNext=nxt if nxt != ffi.NULL else None,
+            pNext=keep[0] if keep else None,
             queueCreateInfoCount=1,
             pQueueCreateInfos=qcis,
             ppEnabledExtensionNames=exts or None,

@@ -53,7 +53,9 @@ class Instance:
             raise VulkanError(f"Vulkan loader {version_string(loader_version)} < 1.1")
         self.api_version = min(loader_version, vk.VK_MAKE_VERSION(1, 3, 0))
         available = {e.extensionName for e in vk.vkEnumerateInstanceExtensionProperties(None)}
-        layers_available = {lay.layerName for lay in vk.vkEnumerateInstanceLayerProperties()}
+        #: name -> spec version of every installed layer
+        layers_available = {lay.layerName: int(lay.specVersion)
+                            for lay in vk.vkEnumerateInstanceLayerProperties()}
         extensions: list[str] = []
         layers: list[str] = []
         flags = 0
@@ -70,8 +72,7 @@ class Instance:
                 raise VulkanError("validation requested but VK_EXT_debug_utils is missing")
             layers.append(VALIDATION_LAYER)
             extensions.append("VK_EXT_debug_utils")
-            spec = next(int(lp.specVersion) for lp in vk.vkEnumerateInstanceLayerProperties()
-                        if lp.layerName == VALIDATION_LAYER)
+            spec = layers_available[VALIDATION_LAYER]
             validation.set_layer_version(
                 (vk.VK_VERSION_MAJOR(spec), vk.VK_VERSION_MINOR(spec), vk.VK_VERSION_PATCH(spec)))
         self.validation = validate

@@ -41,8 +41,9 @@ class PhysicalDeviceInfo:
     extensions: frozenset[str] = field(repr=False, compare=False, default=frozenset())
 
 
-def _chain(*structs: tuple[str, int, dict[str, Any]]) -> list[Any]:
-    """ffi-allocate output structs linked through pNext; the caller keeps the list alive."""
+def struct_chain(*structs: tuple[str, int, dict[str, Any]]) -> list[Any]:
+    """ffi-allocate structs (``(ctype, sType, fields)``) linked through pNext, the first
+    one the head; the caller keeps the list alive."""
     out: list[Any] = []
     nxt: Any = ffi.NULL
     for ctype, stype, init in reversed(structs):
@@ -80,7 +81,7 @@ def features_16bit(handle: Any, api: int, exts: frozenset[str]) -> tuple[bool, b
                 {},
             )
         )
-    chain = _chain(*structs)
+    chain = struct_chain(*structs)
     vk.lib.vkGetPhysicalDeviceFeatures2(handle, chain[0])
     storage16 = bool(chain[1].storageBuffer16BitAccess)
     float16 = bool(chain[2].shaderFloat16) if has_f16 else False
@@ -96,7 +97,7 @@ def pipeline_executable_info(handle: Any, exts: frozenset[str]) -> bool:
     the driver's per-executable statistics (registers, spills, instructions...)."""
     if PIPELINE_EXECUTABLE_EXT not in exts:
         return False
-    chain = _chain(
+    chain = struct_chain(
         ("VkPhysicalDeviceFeatures2", vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, {}),
         (
             "VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR",
@@ -122,7 +123,7 @@ def cooperative_matrix_shapes(handle: Any, exts: frozenset[str]) -> list[str]:
     tensor-core kernel from these (``pootvk.plan.decode_schedule.COOPMAT_SHAPE``)."""
     if COOPMAT_EXT not in exts:
         return []
-    chain = _chain(
+    chain = struct_chain(
         ("VkPhysicalDeviceFeatures2", vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, {}),
         (
             "VkPhysicalDeviceCooperativeMatrixFeaturesKHR",
@@ -219,7 +220,7 @@ def query_profile(handle: Any, exts: frozenset[str]) -> DeviceProfile:
             )
         )
     names = [s[0] for s in structs]
-    chain = _chain(*structs)
+    chain = struct_chain(*structs)
     vk.lib.vkGetPhysicalDeviceProperties2(handle, chain[0])
     got = dict(zip(names, chain, strict=True))
     p = chain[0].properties
