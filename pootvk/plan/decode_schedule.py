@@ -473,15 +473,22 @@ def default_splits(p: DecodeProblem, profile: DeviceProfile, blocks: int, tile: 
 
 
 def _split_count(p: DecodeProblem, profile: DeviceProfile, blocks: int, tile: int,
-                 force_splits: int | None, max_splits: int) -> int:
-    """The forced split count, else ``default_splits``; unsplit when the partials would pass
-    the binding range (a forced count that does raises ScratchBytes)."""
+                 force_splits: int | None, max_splits: int, prefer: int | None = None) -> int:
+    """The forced split count, else ``prefer`` where its partials fit the binding range, else
+    ``default_splits``; unsplit when the partials would pass the binding range (a forced
+    count that does raises ScratchBytes)."""
+
+    def need(splits: int) -> int:
+        return p.b * p.hq * p.lq * splits * (p.dv + 2) * 4
+
+    if force_splits is None and prefer is not None and \
+            need(prefer) <= profile.max_storage_buffer_range:
+        return prefer
     splits = max(1, int(force_splits)) if force_splits is not None else \
         default_splits(p, profile, blocks, tile, max_splits)
-    need = p.b * p.hq * p.lq * splits * (p.dv + 2) * 4
-    if splits > 1 and need > profile.max_storage_buffer_range:
+    if splits > 1 and need(splits) > profile.max_storage_buffer_range:
         if force_splits is not None:
-            raise ScratchBytes(need, profile.max_storage_buffer_range)
+            raise ScratchBytes(need(splits), profile.max_storage_buffer_range)
         return 1  # keep unsplit when the partials pass the binding range
     return splits
 
@@ -765,8 +772,9 @@ SCALAR_ONLY = frozenset({"lanes_per_key", "keys_per_iter", "load_elems", "subgro
 #: there: on this driver a cooperative-matrix load straight from a storage buffer costs about
 #: one memory latency, loads of one step barely overlap (bench/coopmat_load_probe.py).
 MATRIX_MIN_STATE = 4096
-#: Subgroups per matrix workgroup (each takes 16 keys per step); wide values (dv >= 256)
-#: take MATRIX_SUBGROUPS_WIDE (the MLA shape: 473 us at 8 against 837 at 4, H200).
+#: Subgroups per matrix workgroup; wide values (dv >= 256) take MATRIX_SUBGROUPS_WIDE (the
+#: MLA shape, H200: 303-329 us at 8 against 404 at 4; the first, direct-load version 473
+#: against 837).
 MATRIX_SUBGROUPS = 4
 MATRIX_SUBGROUPS_WIDE = 8
 #: The matrix kernel prefetches the next tile's 16-byte words while they take at most this
@@ -804,11 +812,12 @@ def _one_wave_splits(p: DecodeProblem, profile: DeviceProfile, blocks: int,
 def _choose_matrix(p: DecodeProblem, profile: DeviceProfile, force_splits: int | None,
                    max_splits: int, ov: dict) -> DecodeRequest:
     """The matrix kernel's schedule (see DecodeRequest.matrix): rows per workgroup the
-    largest divisor of the group up to 16 (one matrix dimension); MATRIX_SUBGROUPS
-    subgroups (MATRIX_SUBGROUPS_WIDE for dv >= 256) and a tile of 16 keys per subgroup
-    (16 for wide heads), halved until the workgroup memory fits; the next tile prefetched
-    and the query held as hi + lo f16 parts where registers allow; splits and the fused
-    combine by the scalar kernel's rules (``_split_count``, ``_fused_combine``)."""
+    largest divisor of the group up to 16 (one 16-row tile), up to 32 for wide heads (dv >=
+    256: two tiles); MATRIX_SUBGROUPS subgroups (MATRIX_SUBGROUPS_WIDE for wide heads) and
+    a tile of 16 keys per subgroup (16 for wide heads), halved until the workgroup memory
+    fits; the next tile prefetched and the query held as hi + lo f16 parts where registers
+    allow; splits and the fused combine by the scalar kernel's rules (``_split_count``,
+    ``_fused_combine``), wide heads one workgroup per compute unit (``_one_wave_splits``)."""
     wide = p.dv >= 256
     # Wide heads take two 16-row tiles a workgroup (each staged K/V tile serves 32 rows: the
     # 8 row blocks of the MLA shape re-read K/V half as often, twice the products per barrier)
@@ -831,11 +840,8 @@ def _choose_matrix(p: DecodeProblem, profile: DeviceProfile, force_splits: int |
     if q_split is None:  # two query parts in registers: the chunks a subgroup uses, twice
         q_split = tile >= 32 and 2 * -(-(p.dk // 16) // max(1, nsg // (tile // 16))) <= 16
     blocks = p.group_rows // rows
-    splits = _split_count(p, profile, blocks, tile, force_splits, max_splits)
-    one_wave = _one_wave_splits(p, profile, blocks, tile) if wide else None
-    if force_splits is None and one_wave is not None and \
-            p.b * p.hq * p.lq * one_wave * (p.dv + 2) * 4 <= profile.max_storage_buffer_range:
-        splits = one_wave
+    splits = _split_count(p, profile, blocks, tile, force_splits, max_splits,
+                          _one_wave_splits(p, profile, blocks, tile) if wide else None)
     out_rows = p.b * p.hq * p.lq
     groups = p.b * p.hkv * blocks * splits
     fused, min_chunk = _fused_combine(profile, groups, splits, force_splits, fused_override,
