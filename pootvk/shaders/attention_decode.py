@@ -154,26 +154,8 @@ def generate_decode_partial(r: DecodeRequest) -> str:
     kvt = _kv_glsl_type(r)
     dot = (lambda a, b: f"dot({a}, {b})") if W == 4 else (lambda a, b: f"{a} * {b}")
 
-    kv_names = ["k", *(["ks"] if r.dk_shared else []), "v"]  # k_shared is bound as ks
-    binds = [_buffer(0, "q", vt, readonly=True)] + [
-        _buffer(i + 1, n, kvt, readonly=True) for i, n in enumerate(kv_names)]
-    nb = len(binds)
-    if r.mask is not None:
-        binds.append(_buffer(nb, "mask", "float", readonly=True))
-        nb += 1
-    if r.live_len:
-        binds.append(_buffer(nb, "lens", "int", readonly=True))
-        nb += 1
-    if r.paged:
-        binds.append(_buffer(nb, "rmap", "int", readonly=True))  # the read map [B, Lk]
-        nb += 1
     fused = split and r.fused_combine
-    if fused:
-        binds.append(_buffer(nb, "part", "float", readonly=False, access="coherent "))
-        binds.append(_buffer(nb + 1, "counter", "uint", readonly=False, access="coherent "))
-        nb += 2
-    binds.append(_buffer(nb, "dst", "float" if split else vt, readonly=False))
-    assert nb + 1 == len(r.bindings())
+    binds = decode_bindings(r, vt, kvt, "float" if split else vt)
     pdst = "part" if fused else "dst"  # where the split partials go
 
     ext = ["#extension GL_EXT_control_flow_attributes : require"]
@@ -496,6 +478,29 @@ def generate_decode_partial(r: DecodeRequest) -> str:
         + "".join(binds) + "\n".join(consts) + "\n" + "\n".join(shared) + "\n" + helpers
         + "\nvoid main() {\n" + "\n".join(L) + "\n}\n"
     )
+
+
+def decode_bindings(r: DecodeRequest, q: str, kv: str, dst: str) -> list[str]:
+    """The partial kernel's buffer declarations in ``r.bindings()`` order (scalar and matrix
+    kernels alike): q, k, [k_shared as ks], v, [mask], [lens], [rmap: the paged read map
+    [B, Lk]], [part, counter: the fused combine's, coherent], dst; ``q``, ``kv`` and ``dst``
+    are the element types the kernel reads them as."""
+    decls = [("q", q, "readonly "), ("k", kv, "readonly ")]
+    if r.dk_shared:
+        decls.append(("ks", kv, "readonly "))
+    decls.append(("v", kv, "readonly "))
+    if r.mask is not None:
+        decls.append(("mask", "float", "readonly "))
+    if r.live_len:
+        decls.append(("lens", "int", "readonly "))
+    if r.paged:
+        decls.append(("rmap", "int", "readonly "))
+    if r.splits > 1 and r.fused_combine:
+        decls += [("part", "float", "coherent "), ("counter", "uint", "coherent ")]
+    decls.append(("dst", dst, "writeonly "))
+    assert len(decls) == len(r.bindings())
+    return [_buffer(i, name, elem, readonly=False, access=access)
+            for i, (name, elem, access) in enumerate(decls)]
 
 
 def mask_row(r: DecodeRequest, name: str, row: str) -> str:

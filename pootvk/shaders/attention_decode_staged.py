@@ -40,7 +40,13 @@ the split's partial), the fused combine of the scalar kernel (``emit_fused_combi
 from __future__ import annotations
 
 from ..plan.decode_schedule import DecodeRequest, check_request
-from .attention_decode import NEG_INF, emit_chunk_prologue, emit_fused_combine, mask_row
+from .attention_decode import (
+    NEG_INF,
+    decode_bindings,
+    emit_chunk_prologue,
+    emit_fused_combine,
+    mask_row,
+)
 from .common import float_lit
 
 CM = "coopmat<{t}, gl_ScopeSubgroup, 16, 16, gl_MatrixUse{u}>"
@@ -89,26 +95,7 @@ def generate_decode_staged(r: DecodeRequest) -> str:
     assert not r.q_split or TILE >= 32  # the lo part is staged in sK rows 16..31
     assert NSG % RT == 0 and R <= 16 * RT
 
-    binds: list[str] = []
-
-    def buf(name: str, elem: str, access: str) -> None:
-        binds.append(f"layout(std430, set = 0, binding = {len(binds)}) {access} buffer "
-                     f"B{len(binds)} {{ {elem} {name}[]; }};")
-
-    buf("q", "float", "readonly")
-    buf("k", "uvec4", "readonly")
-    if DS:
-        buf("ks", "uvec4", "readonly")
-    buf("v", "uvec4", "readonly")
-    if r.mask is not None:
-        buf("mask", "float", "readonly")
-    if r.live_len:
-        buf("lens", "int", "readonly")
-    if fused:
-        buf("part", "float", "coherent")
-        buf("counter", "uint", "coherent")
-    buf("dst", "float", "writeonly")
-    assert len(binds) == len(r.bindings())
+    binds = decode_bindings(r, "float", "uvec4", "float")
     pdst = "part" if fused else "dst"
 
     shared = [f"shared f16vec4 sK[{TILE * KS}];", f"shared f16vec4 sV[{TILE * VS}];",
@@ -389,6 +376,6 @@ def generate_decode_staged(r: DecodeRequest) -> str:
         "#version 450\n" + "\n".join(ext) + "\n"
         + f"layout(local_size_x = {WG}) in;\n"
         + f"// {r.describe().replace(f'Lk={r.lk}', 'Lk=pc.lk')}\n"
-        + "\n".join(binds) + "\n" + "\n".join(consts) + "\n" + "\n".join(shared)
+        + "".join(binds) + "\n".join(consts) + "\n" + "\n".join(shared)
         + "\n\nvoid main() {\n" + "\n".join(L) + "\n}\n"
     )
