@@ -61,6 +61,11 @@ def layer_predates_coopmat() -> bool:
     return _layer_version is not None and _layer_version < COOPMAT_LAYER_VERSION
 
 
+def is_false_alarm(msg: str) -> bool:
+    """A message the enabled layer gives only because it predates VK_KHR_cooperative_matrix."""
+    return layer_predates_coopmat() and any(a in msg for a in COOPMAT_FALSE_ALARMS)
+
+
 def validation_messages() -> list[str]:
     """A copy of every validation message received since the last clear."""
     with _lock:
@@ -81,7 +86,7 @@ def _callback(severity: int, types: int, data: Any, user: Any) -> int:
             data.pMessageIdName
         ) else ""
         msg = f"[{ident}] {text}" if ident else text
-        if layer_predates_coopmat() and any(a in msg for a in COOPMAT_FALSE_ALARMS):
+        if is_false_alarm(msg):
             log.debug("validation layer %s predates VK_KHR_cooperative_matrix: %s",
                       _layer_version, msg)
             return vk.VK_FALSE
