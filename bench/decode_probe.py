@@ -123,13 +123,14 @@ class Launch:
     """Recorded launches of one kernel configuration over bound buffers."""
 
     def __init__(self, device: Device, specs: list[tuple[str, list[BufferRange], tuple]],
-                 repeat: int = 1) -> None:
+                 repeat: int = 1, calls: int = 1) -> None:
         dispatches = []
         for src, ranges, grid, push in specs:
             pipe = device.compute_pipeline(compile_glsl(src), len(ranges), len(push))
             dispatches.append(Dispatch(pipe, tuple(ranges), (grid[0], grid[1], 1), "decode",
                                        push=push))
-        self.rec = Recorder(device).record(dispatches, timestamps=True)
+        self.calls, self.n = calls, len(dispatches)
+        self.rec = Recorder(device).record(dispatches * calls, timestamps=True)
         self.warm_rec = Recorder(device).record(dispatches * repeat) if repeat > 1 else None
 
     def warm(self, seconds: float) -> None:
@@ -139,12 +140,17 @@ class Launch:
             rec.submit(wait=True)
 
     def time(self, reps: int) -> tuple[float, list[float]]:
-        """(median GPU ns first-to-last, median per-dispatch ns)."""
+        """(median GPU ns first-to-last, median per-dispatch ns), over ``calls`` copies of
+        the launches recorded back to back (each behind the barrier its hazards need, as in
+        a step) and divided by ``calls``: what a replayed step pays per launch, without the
+        start of a submit (torch's CUDA graph and llama.cpp's perf mode time this way)."""
         tot, per = [], []
         for _ in range(reps):
             self.rec.submit(wait=True)
-            tot.append(self.rec.gpu_time_ns())
-            per.append(self.rec.dispatch_times_ns())
+            tot.append(self.rec.gpu_time_ns() / self.calls)
+            d = self.rec.dispatch_times_ns()
+            per.append([sum(d[c * self.n + i] for c in range(self.calls)) / self.calls
+                        for i in range(self.n)])
         med = [statistics.median(x) for x in zip(*per, strict=True)]
         return statistics.median(tot), med
 
@@ -269,8 +275,9 @@ def run_shape(device, shape, kvs, args, ceiling_gbps, clock, results):
                     fits=fits):
             nonlocal rng_ok
             out.write(0, np.full(b * hq * D, np.nan, np.float32))
-            reps = min(2000, max(1, int(200e3 / max(1.0, kv_bytes / 4e3))))
-            lau = Launch(device, specs, repeat=reps)
+            # launches per warm submit (a short shape's submit would be mostly host time)
+            wrep = min(2000, max(1, int(200e3 / max(1.0, kv_bytes / 4e3))))
+            lau = Launch(device, specs, repeat=wrep, calls=args.calls)
             try:
                 lau.rec.submit(wait=True)
                 got = out.read_array(0, (b, hq, 1, D), np.float32)
@@ -380,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tune-warm", type=float, default=0.3)
     ap.add_argument("--no-streaming", action="store_true")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--calls", type=int, default=1,
+                    help="time this many launches recorded back to back, per launch")
     ap.add_argument("--d", type=int, default=D, help="head dim (Dk = Dv)")
     ap.add_argument("--live", type=int, default=0,
                     help="live keys per row (the live form over a capacity of Lk); 0: Lk")
