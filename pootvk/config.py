@@ -13,6 +13,8 @@ process-wide one from :func:`config`).
 | POOTVK_CACHE_MAX_BYTES | cache_max_bytes | disk SPIR-V cache cap; oldest files go (256 MiB)   |
 | POOTVK_PIPELINE_STATS | pipeline_stats | 1 = capture driver statistics of compute pipelines |
 |                     |              | (registers, spills...; Pipeline.statistics())        |
+| POOTVK_SHADER_CLOCK | shader_clock | 1 = enable VK_KHR_shader_clock where the device has it |
+|                     |              | (clockARB / clockRealtimeEXT in probe kernels)       |
 | POOTVK_PROGRAM_ORDER | program_order | 1 = record dispatches in the plan's order, not level |
 |                     |              | by level (vk.hazards.level_order; for comparisons)   |
 | POOTVK_GROUP_KERNELS | group_kernels | 0 = one launch per elementwise kernel, not one per  |
@@ -36,6 +38,8 @@ class Config:
     fence_timeout_s: float = 600.0
     cache_max_bytes: int = 256 << 20
     pipeline_stats: bool = False
+    #: enable VK_KHR_shader_clock (bench/decode_timeline.py's per-workgroup timelines)
+    shader_clock: bool = False
     program_order: bool = False
     #: microseconds a fence wait polls before it blocks (None: 2000 on a GPU, 0 on a CPU
     #: device, whose own threads need the cores); POOTVK_SPIN_US
@@ -58,6 +62,7 @@ class Config:
             fence_timeout_s=float(env.get("POOTVK_FENCE_TIMEOUT_S", "") or 600.0),
             cache_max_bytes=int(env.get("POOTVK_CACHE_MAX_BYTES", "") or 256 << 20),
             pipeline_stats=env.get("POOTVK_PIPELINE_STATS", "0") not in ("", "0", "false", "no"),
+            shader_clock=env.get("POOTVK_SHADER_CLOCK", "0") not in ("", "0", "false", "no"),
             program_order=env.get("POOTVK_PROGRAM_ORDER", "0") not in ("", "0", "false", "no"),
             spin_us=float(env["POOTVK_SPIN_US"]) if env.get("POOTVK_SPIN_US") else None,
             linear_prologues=None if not env.get("POOTVK_LINEAR_PROLOGUES") else

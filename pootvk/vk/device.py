@@ -45,6 +45,9 @@ MAX_CACHED_PIPELINES = 64
 
 #: default fence polling before a blocking wait on a GPU (see Device.spin_ns)
 SPIN_US = 2000.0
+#: enabled only on request (Config.shader_clock): the clocks of probe kernels
+SHADER_CLOCK_EXT = "VK_KHR_shader_clock"
+SM_BUILTINS_EXT = "VK_NV_shader_sm_builtins"
 
 
 class Device:
@@ -133,6 +136,20 @@ class Device:
                              vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES,
                              {"vulkanMemoryModel": 1, "vulkanMemoryModelDeviceScope": 1}))
             exts.append(COOPMAT_EXT)
+        #: VK_KHR_shader_clock enabled (POOTVK_SHADER_CLOCK=1 and the device has it): probe
+        #: kernels may read the subgroup and device clocks
+        self.shader_clock = self.config.shader_clock and SHADER_CLOCK_EXT in chosen.extensions
+        self.sm_builtins = self.shader_clock and SM_BUILTINS_EXT in chosen.extensions
+        if self.shader_clock:
+            features.append(("VkPhysicalDeviceShaderClockFeaturesKHR",
+                             vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_CLOCK_FEATURES_KHR,
+                             {"shaderSubgroupClock": 1, "shaderDeviceClock": 1}))
+            exts.append(SHADER_CLOCK_EXT)
+            if self.sm_builtins:  # gl_SMIDNV: which SM ran a workgroup
+                features.append(("VkPhysicalDeviceShaderSMBuiltinsFeaturesNV",
+                                 vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_SM_BUILTINS_FEATURES_NV,
+                                 {"shaderSMBuiltins": 1}))
+                exts.append(SM_BUILTINS_EXT)
         keep = struct_chain(*features)  # alive until vkCreateDevice returns
         if self.pipeline_executable_info:
             exts.append(PIPELINE_EXECUTABLE_EXT)
