@@ -38,3 +38,36 @@ def test_paged_map_shuffles_whole_blocks():
     x = np.arange(3 * 2 * 37 * 4, dtype=np.float32).reshape(3, 2, 37, 4)
     pool = mod.to_pool(x, read, slots)
     np.testing.assert_array_equal(pool[read].transpose(0, 2, 1, 3), x)
+
+
+def test_decode_probe_times_launches_back_to_back(tmp_path, capsys, device):
+    """--calls N records N launches behind their barriers and reports the time per launch
+    (how torch's CUDA graph and llama.cpp's perf mode are timed); outputs still checked."""
+    out = tmp_path / "d.json"
+    rc = _bench().main(["--shapes", "1,4,1,300", "--dtypes", "f16", "--d", "64", "--warm",
+                        "0.01", "--reps", "2", "--calls", "3", "--no-streaming",
+                        "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["nse"] < 1e-6 and row["us"] > 0
+    assert abs(sum(row["per_dispatch_us"]) - row["us"]) <= 1e-6 * row["us"] + 1e-3
+
+
+def test_decode_timeline_instruments_every_workgroup(tmp_path, capsys, device):
+    """bench/decode_timeline.py on the CI device: the instrumented kernel (clock reads and
+    one extra binding) still matches float64, and every workgroup writes its timeline, the
+    fused split's early-returning workgroups and its combining one included."""
+    out = tmp_path / "t.json"
+    rc = load_bench("decode_timeline").main(
+        ["--shape", "1,8,2,700", "--kv", "f32", "--d", "64", "--warm", "0.01",
+         "--variant", '{"splits": 3}', "--variant", '{"splits": 3, "fused_combine": false}',
+         "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    rows = json.loads(out.read_text())
+    assert [len(r["timestamps_us"]) for r in rows] == [1, 2]  # fused, then partial + combine
+    for r in rows:
+        assert r["nse"] < 1e-10
+        assert r["written"] == r["workgroups"] == 2 * 3  # KV heads x splits (one row block)
+        assert r["span_us"] > 0 and r["loop"]["max"] > 0
