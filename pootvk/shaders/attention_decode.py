@@ -201,22 +201,27 @@ def generate_decode_partial(r: DecodeRequest) -> str:
         emit("uint kvrow = bg * LK_CAP;  // first key row of this KV head")
     if UKS:
         emit("uint ksrow = b * LK_CAP;  // first k_shared row of this batch row (every head)")
-    # query rows: orow = (b * HKV + g) * GROUP_ROWS + rbase + r
-    for i in range(R):
-        emit(f"uint orow{i} = bg * {r.group_rows}u + rbase + {i}u;")
-        for x in range(NQX):
-            d, e = divmod(x, per)
-            # a split key's shared channels follow k's own ones in q
-            base = "" if d < UKN else f"{(r.dk - r.dk_shared) // W}u + "
-            d = d if d < UKN else d - UKN
-            emit(f"{vt} q{i}_{x} = q[orow{i} * {DKW}u + {base}(({d * LPK}u + li) * {per}u + "
-                 f"{e}u)] * SCALE;")
-        if r.mask is not None:
-            emit(mask_row(r, f"mrow{i}", f"rbase + {i}u"))
-        for x in range(NOX):
-            emit(f"{vt} o{i}_{x} = {vt}(0.0);")
-        emit(f"float m{i} = NEG_INF;")
-        emit(f"float l{i} = 0.0;")
+    def query_rows() -> None:
+        """The block's query slices (pre-scaled) and running state: orow = (b * HKV + g) *
+        GROUP_ROWS + rbase + r. Emitted after step 0's K/V loads are issued, so the query's
+        loads need not precede theirs (H200, bench/decode_timeline.py: the time before the
+        key loop, 3.0-3.2 us at (1,32,8,32768) F16, is step 0's first K/V latency either
+        way)."""
+        for i in range(R):
+            emit(f"uint orow{i} = bg * {r.group_rows}u + rbase + {i}u;")
+            for x in range(NQX):
+                d, e = divmod(x, per)
+                # a split key's shared channels follow k's own ones in q
+                base = "" if d < UKN else f"{(r.dk - r.dk_shared) // W}u + "
+                d = d if d < UKN else d - UKN
+                emit(f"{vt} q{i}_{x} = q[orow{i} * {DKW}u + {base}(({d * LPK}u + li) * "
+                     f"{per}u + {e}u)] * SCALE;")
+            if r.mask is not None:
+                emit(mask_row(r, f"mrow{i}", f"rbase + {i}u"))
+            for x in range(NOX):
+                emit(f"{vt} o{i}_{x} = {vt}(0.0);")
+            emit(f"float m{i} = NEG_INF;")
+            emit(f"float l{i} = 0.0;")
 
     def key_rows(it: str, ind: int, decl: str = "uint ") -> None:
         """t/ok/tt/kb/vb of the keys of step ``it`` (reads past the chunk are clamped)."""
@@ -273,6 +278,7 @@ def generate_decode_partial(r: DecodeRequest) -> str:
                 emit(f"sr{j} = {pool_row(f'min(k0 + gi + {r.tile + j * NG}u, max(k1, 1u) - 1u)')};",
                      2)
         emit("}")
+    query_rows()
     emit("for (uint it = 0u; it < nit; ++it) {")
     key_rows("it", 2)
     if r.prefetch:
@@ -281,6 +287,9 @@ def generate_decode_partial(r: DecodeRequest) -> str:
                 emit(f"{kvt} kc{j}_{d} = kw{j}_{d};", 2)
             for d in range(UV):
                 emit(f"{kvt} vc{j}_{d} = vw{j}_{d};", 2)
+        # (the last step's loads read a clamped row nobody uses: guarding them with
+        # `it + 1 < nit` made the H200 kernel 1.2-1.4x slower, the loop's loads no longer
+        # overlapping the step's math)
         emit("{  // issue the next step's loads now", 2)
         emit(f"uint nb = k0 + (it + 1u) * {r.tile}u + gi;", 3)
         if r.paged:
@@ -408,55 +417,94 @@ def generate_decode_partial(r: DecodeRequest) -> str:
         emit(f"s_l[{i * NG}u + {ent}] = l{i};", 2)
     emit("}")
     emit("barrier();")
+    # Every lane: each row's max M{i} and sum L{i} over the fold entries (the rows' chains
+    # interleaved in one pass), then the accumulators fold through s_o, which holds NG
+    # entries of a row: fb = NG / entries rows at a time (4 rows of a 256-lane NVIDIA
+    # workgroup at 8 lanes per key; 1 without subgroups), each batch summed by
+    # (row, channel) over every lane. H200, (1,32,8,32768) F16, bench/decode_timeline.py:
+    # from the fold's first barrier to the last partial store 5.0 us (median workgroup)
+    # this way against 6.1 with one row at a time (each with its own M / Lsum walk and two
+    # barriers); most of what is left is that barrier's wait for the slowest subgroup.
     for i in range(R):
-        emit("{")
-        emit("float M = NEG_INF;", 2)
-        emit(f"for (uint u = 0u; u < {nent}; ++u) M = max(M, s_m[{i * NG}u + u]);", 2)
-        emit("float Lsum = 0.0;", 2)
-        emit(f"for (uint u = 0u; u < {nent}; ++u) {{", 2)
-        emit(f"float mu = s_m[{i * NG}u + u];", 3)
-        emit(f"float lu = s_l[{i * NG}u + u];", 3)
-        emit("Lsum += isnan(lu) ? lu : (mu == NEG_INF) ? 0.0 : lu * exp(mu - M);", 3)
-        emit("}", 2)
-        emit(f"float f = (m{i} == NEG_INF) ? 0.0 : exp(m{i} - M);", 2)
-        if i:
-            emit("barrier();  // the previous row's reads of s_o are done", 2)
-        if writer:
-            emit(f"if ({writer}) {{", 2)
-        for x in range(NOX):
-            d, e = divmod(x, per)
-            emit(f"s_o[{ent} * {DVW}u + ({d * LPK}u + li) * {per}u + {e}u] = o{i}_{x} * f;",
-                 3 if writer else 2)
-        if writer:
-            emit("}", 2)
-        emit("barrier();", 2)
-        emit(f"for (uint c = lane; c < {DVW}u; c += {WG}u) {{", 2)
-        emit(f"{vt} acc = {vt}(0.0);", 3)
-        emit(f"for (uint u = 0u; u < {nent}; ++u) acc += s_o[u * {DVW}u + c];", 3)
+        emit(f"float M{i} = NEG_INF;")
+    emit(f"for (uint u = 0u; u < {nent}; ++u) {{")
+    for i in range(R):
+        emit(f"M{i} = max(M{i}, s_m[{i * NG}u + u]);", 2)
+    emit("}")
+    for i in range(R):
+        emit(f"float L{i} = 0.0;")
+    emit(f"for (uint u = 0u; u < {nent}; ++u) {{")
+    for i in range(R):
+        emit(f"float mu{i} = s_m[{i * NG}u + u];", 2)
+        emit(f"float lu{i} = s_l[{i * NG}u + u];", 2)
+        emit(f"L{i} += isnan(lu{i}) ? lu{i} : (mu{i} == NEG_INF) ? 0.0 : "
+             f"lu{i} * exp(mu{i} - M{i});", 2)
+    emit("}")
+    emit(f"uint fb = max(1u, {NG}u / {nent});  // rows whose accumulators s_o holds at once")
+
+    def pick(name: str) -> str:
+        """Row ``row``'s ``name{i}`` (a compare chain over named registers, no array)."""
+        chain = f"{name}{R - 1}"
+        for i in range(R - 2, -1, -1):
+            chain = f"row == {i}u ? {name}{i} : {chain}"
+        return chain
+
+    def fold_rows(r0: str, cnt: str, ind: int, last: bool) -> None:
+        """Sum the batch of rows [r0, r0 + cnt) held in s_o and store them."""
+        emit("barrier();", ind)
+        emit(f"for (uint id = lane; id < ({cnt}) * {DVW}u; id += {WG}u) {{", ind)
+        emit(f"uint rr = id / {DVW}u;  // row within the batch", ind + 1)
+        emit(f"uint c = id % {DVW}u;", ind + 1)
+        emit(f"uint row = {r0} + rr;", ind + 1)
+        emit(f"uint orow = bg * {r.group_rows}u + rbase + row;", ind + 1)
+        emit(f"{vt} acc = {vt}(0.0);", ind + 1)
+        emit(f"for (uint u = 0u; u < {nent}; ++u) acc += s_o[(rr * {nent} + u) * {DVW}u + c];",
+             ind + 1)
+        emit(f"float M = {pick('M')};", ind + 1)
+        emit(f"float Lsum = {pick('L')};", ind + 1)
         if split:
-            def store(buf: str, base: str, scale: str, ind: int) -> None:
+            def store(buf: str, base: str, scale: str, i2: int) -> None:
                 """acc (scaled) into a float buffer at float vector c past ``base``."""
                 if W == 4:
                     for cc, comp in enumerate("xyzw"):
-                        emit(f"{buf}[{base} + c * 4u + {cc}u] = acc.{comp}{scale};", ind)
+                        emit(f"{buf}[{base} + c * 4u + {cc}u] = acc.{comp}{scale};", i2)
                 else:
-                    emit(f"{buf}[{base} + c] = acc{scale};", ind)
+                    emit(f"{buf}[{base} + c] = acc{scale};", i2)
 
             if fused:
-                emit("if (nact == 1u) {  // the only split with keys: the output itself", 3)
-                store("dst", f"orow{i} * {r.dv}u", " / Lsum", 4)
-                emit("continue;", 4)
-                emit("}", 3)
-            emit(f"uint pb = (orow{i} * {r.splits}u + split) * {r.dv + 2}u;", 3)
-            store(pdst, "pb", "", 3)
-            emit("if (c == 0u) {", 3)
-            emit(f"{pdst}[pb + {r.dv}u] = M;", 4)
-            emit(f"{pdst}[pb + {r.dv + 1}u] = Lsum;", 4)
-            emit("}", 3)
+                emit("if (nact == 1u) {  // the only split with keys: the output itself",
+                     ind + 1)
+                store("dst", f"orow * {r.dv}u", " / Lsum", ind + 2)
+                emit("continue;", ind + 2)
+                emit("}", ind + 1)
+            emit(f"uint pb = (orow * {r.splits}u + split) * {r.dv + 2}u;", ind + 1)
+            store(pdst, "pb", "", ind + 1)
+            emit("if (c == 0u) {", ind + 1)
+            emit(f"{pdst}[pb + {r.dv}u] = M;", ind + 2)
+            emit(f"{pdst}[pb + {r.dv + 1}u] = Lsum;", ind + 2)
+            emit("}", ind + 1)
         else:
-            emit(f"dst[orow{i} * {DVW}u + c] = acc / Lsum;  // no key seen: 0/0 = NaN", 3)
-        emit("}", 2)
-        emit("}")
+            emit(f"dst[orow * {DVW}u + c] = acc / Lsum;  // no key seen: 0/0 = NaN", ind + 1)
+        emit("}", ind)
+        if not last:
+            emit("barrier();  // the batch's reads of s_o are done", ind)
+
+    for i in range(R):
+        if i:
+            emit(f"if ({i}u % fb == 0u) {{  // s_o is full: fold rows [{i} - fb, {i})")
+            fold_rows(f"{i}u - fb", "fb", 2, last=False)
+            emit("}")
+        emit(f"float f{i} = (m{i} == NEG_INF) ? 0.0 : exp(m{i} - M{i});")
+        if writer:
+            emit(f"if ({writer}) {{")
+        for x in range(NOX):
+            d, e = divmod(x, per)
+            emit(f"s_o[(({i}u % fb) * {nent} + {ent}) * {DVW}u + ({d * LPK}u + li) * {per}u"
+                 f" + {e}u] = o{i}_{x} * f{i};", 2 if writer else 1)
+        if writer:
+            emit("}")
+    emit(f"uint rlast = {R - 1}u / fb * fb;  // the last batch's first row")
+    fold_rows("rlast", f"{R}u - rlast", 1, last=True)
 
     if fused:
         emit_fused_combine(r, emit, "lane")
@@ -609,9 +657,16 @@ def emit_fused_combine(r: DecodeRequest, emit, lane: str) -> None:
     emit(f"uint c = id % {r.dv}u;", 2)
     emit(f"uint base = orow * {r.splits * (r.dv + 2)}u + c;", 2)
     emit(f"uint cb = rr * {r.splits}u;", 2)
+    # Every split's word is loaded before any is used (SPLITS named loads, the index
+    # clamped to an active split, whose partial was written): a loop over the run-time nact
+    # made each load wait for the previous one, ~4 us of L2 latencies at 16 splits for the
+    # last workgroup (H200, bench/decode_timeline.py). Inactive splits add nothing (a
+    # select, so their duplicate word cannot turn an inf into NaN).
+    for u in range(r.splits):
+        emit(f"float x{u} = part[base + min({u}u, nact - 1u) * {r.dv + 2}u];", 2)
     emit("float acc = 0.0;", 2)
-    emit("for (uint u = 0u; u < nact; ++u) "
-         f"acc += s_cw[cb + u] * part[base + u * {r.dv + 2}u];", 2)
+    for u in range(r.splits):
+        emit(f"acc += {u}u < nact ? s_cw[cb + {u}u] * x{u} : 0.0;", 2)
     emit(f"dst[orow * {r.dv}u + c] = acc / s_cden[rr];  // no key seen: 0/0 = NaN", 2)
     emit("}")
     emit("if (gl_LocalInvocationIndex == 0u) counter[rest] = 0u;  // ready for the next replay")

@@ -347,8 +347,9 @@ def test_split_rule_on_the_h200_profile():
     assert req(1, 32, 8, 200).splits == 1  # chunks would fall under 128 keys
     one = req(1, 8, 1, 65536)  # a single KV head: up to 64 splits, combined by a 2nd launch
     assert one.splits == 64 and one.launches == 2
-    mid = req(8, 32, 8, 8192)
-    assert mid.splits == 5 and mid.launches == 2
+    mid = req(8, 32, 8, 8192)  # 6 splits fill 2.91 waves of 132 SMs (5: 2.42)
+    assert mid.splits == 6 and mid.workgroups == 384 and mid.launches == 2
+    assert big.keys_per_iter == 4  # unsplit 16-bit K/V at 8 lanes, 128-lane workgroups
     lav = recorded_profile("lavapipe")
     p = DecodeProblem(b=1, hq=32, hkv=8, lq=1, lk=32768, dk=128, dv=128, scale=0.1)
     assert choose_decode_schedule(p, lav, has_subgroup_shuffle=True).splits == 1
