@@ -23,6 +23,7 @@ attention_decode`` turns a request into sources.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, replace
 
@@ -50,6 +51,9 @@ MIN_CHUNK = 128
 FEW_SPLITS_BYTES = 4 << 20
 #: Workgroups per compute unit the split count aims for (llama.cpp and FA2 use 2).
 WAVES_PER_CU = 2
+#: K/V bytes per workgroup from which the split count is moved to fill the last wave of
+#: workgroups (_fill_waves): shorter chunks are dominated by a launch's fixed costs.
+WAVE_FILL_BYTES = 256 << 10
 #: Floats of query + accumulator state one lane keeps in registers (named scalars):
 #: rows * (dk + dv) / lanes_per_key. Past this the lanes per key double.
 REG_FLOATS = 128
@@ -466,10 +470,30 @@ def default_splits(p: DecodeProblem, profile: DeviceProfile, blocks: int, tile: 
     splits = min(max_splits, -(-target // base))
     # chunks of at least MIN_CHUNK keys, rounded to the tile
     min_chunk = -(-MIN_CHUNK // tile) * tile
-    splits = max(1, min(splits, p.lk // min_chunk))
+    most = max(1, min(max_splits, p.lk // min_chunk))
+    splits = min(splits, most)
+    if splits > 1 and p.kv_bytes // (p.b * p.hkv * splits) >= WAVE_FILL_BYTES:
+        splits = _fill_waves(base, splits, cu, most)
     if splits <= 1:
         return 1
     return -(-p.lk // chunk_for(p.lk, splits, tile))  # no split left empty at full length
+
+
+def _fill_waves(base: int, splits: int, cu: int, most: int) -> int:
+    """The split count near ``splits`` (two fewer to one more, at most ``most``) whose
+    ``base * splits`` workgroups fill their last wave of ``cu`` best (a tie: more
+    workgroups). Each workgroup streams its own chunk and an SM that holds one more of
+    them than the others finishes last, so a launch of 2.4 workgroups per SM runs at the
+    pace of 3. H200 (132 SMs), D=128, one run (bench/decode_probe.py --calls 10):
+    (8,32,8,8192) F16 6 splits (384 workgroups, 2.91 per SM) 79.1 us against 90.3 for 5
+    (2.42) and 109.8 for 7 (3.39), F32 131.0 against 133.7; (1,32,32,32768) 8 splits (256,
+    1.94 per SM) F16 126.5 us against 133.3 for 9 (2.18) and 130.7 for 10, F32 244.4
+    against 252.2."""
+    def fill(s: int) -> tuple[float, int]:
+        waves = base * s / cu
+        return waves / math.ceil(waves), s
+
+    return max(fill(s) for s in range(max(2, splits - 2), min(most, splits + 1) + 1))[1]
 
 
 def _split_count(p: DecodeProblem, profile: DeviceProfile, blocks: int, tile: int,
@@ -678,6 +702,13 @@ def choose_decode_schedule(
     if cu and "local_size" not in ov_keys and groups >= cu and local > 128 and \
             not (bytes_ == 2 and rows == 1) and profile.device_type != "cpu":
         local = max(128, lanes, sub if subgroup else 1)
+        # ... and there unsplit 16-bit K/V at fewer than 16 lanes per key take 4 keys a
+        # step: H200 (32,32,8,2048) F16 (8 lanes, 128-lane workgroups) 71.7 us against 75.9
+        # at 2 (one run, bench/decode_probe.py --calls 10)
+        if bytes_ == 2 and lanes < 16 and splits == 1 and "keys_per_iter" not in ov_keys and \
+                decode_shared_bytes(local, lanes, KEYS_PER_ITER, rows, p.dv, subgroup) <= \
+                profile.max_workgroup_memory:
+            kpi = KEYS_PER_ITER
     fused, min_chunk = _fused_combine(profile, groups, splits, force_splits, fused_override,
                                       min_chunk_override)
     combine_groups = -(-out_rows * p.dv // COMBINE_LOCAL)

@@ -21,7 +21,13 @@ from pootvk.plan import (
     recorded_profile,
     recorded_profiles,
 )
-from pootvk.plan.decode_schedule import FEW_SPLITS_BYTES, MAX_SPLITS, MAX_SPLITS_FEW, MIN_CHUNK
+from pootvk.plan.decode_schedule import (
+    FEW_SPLITS_BYTES,
+    MAX_SPLITS,
+    MAX_SPLITS_FEW,
+    MIN_CHUNK,
+    _fill_waves,
+)
 
 BENCH = [(1, 32, 8, 4096), (1, 32, 8, 32768), (1, 32, 8, 131072), (8, 32, 8, 8192),
          (1, 32, 32, 32768), (32, 32, 8, 2048), (1, 8, 1, 65536)]
@@ -53,7 +59,9 @@ def test_the_split_rule_on_every_profile(name, shape):
         cap = MAX_SPLITS_FEW if few else MAX_SPLITS
         assert 1 <= req.splits <= cap
         assert req.splits == 1 or req.chunk >= MIN_CHUNK  # never a chunk under 128 keys
-        assert base * (req.splits - 1) < 2 * cu  # ~2 workgroups per compute unit (ceil)
+        # ~2 workgroups per compute unit (ceil), moved by at most one split up when a
+        # workgroup streams enough keys for its last wave to matter (_fill_waves)
+        assert base * (req.splits - 2) < 2 * cu
     assert req.workgroups == base * req.splits
     assert req.subgroup == prof.subgroup_shuffle  # shared-memory reduction without them
     assert req.shared_bytes <= prof.max_workgroup_memory
@@ -78,6 +86,23 @@ def test_h200_splits_measured_rules():
     assert len(short) == 1 and 1 < short[0].request.splits <= MAX_SPLITS
     assert short[0].request.fused_combine
     assert plan_for(h200, 1, 9, 3, 32768, d=64).kernels[0].request.splits > MAX_SPLITS
+
+
+def test_split_count_fills_the_last_wave_of_workgroups():
+    """Long chunks: the split count whose workgroups fill their last wave of SMs best (the
+    H200 measurements in _fill_waves); short ones keep the ~2-per-SM count."""
+    h200 = recorded_profile("nvidia_h200")
+    for kv in (F32, F16):
+        b8 = plan_for(h200, 8, 32, 8, 8192, kv=kv).kernels[0].request
+        assert b8.splits == 6 and b8.workgroups == 384  # 2.91 a SM; 5 splits: 2.42
+        mha = plan_for(h200, 1, 32, 32, 32768, kv=kv).kernels[0].request
+        assert mha.splits == 8 and mha.workgroups == 256  # 1.94 a SM; 9 splits: 2.18
+        assert plan_for(h200, 1, 32, 8, 32768, kv=kv).kernels[0].request.splits == 16
+    # short chunks (< WAVE_FILL_BYTES a workgroup): the default count, unmoved
+    assert plan_for(h200, 1, 9, 3, 4160, d=64).kernels[0].request.splits == 13  # as before
+    assert _fill_waves(64, 5, 132, 16) == 6 and _fill_waves(32, 9, 132, 16) == 8
+    assert _fill_waves(8, 16, 132, 16) == 16  # one wave at the cap stays
+    assert _fill_waves(8, 3, 10, 16) == 4  # equal fills: more workgroups
 
 
 def test_16bit_kv_needs_16bit_storage_on_the_profile():
