@@ -14,7 +14,9 @@ Everything is measured in one run on one device (issue 7 items 5 and 7):
 - llama.cpp's Vulkan flash attention (``.gpu/peer-fa perf``, both of its paths) where present.
 
 Method: every shape runs back to back for ``warm_s`` seconds before it is timed (a GPU idles
-at a low clock and needs load to clock up), the median of ``reps`` replays is reported, the
+at a low clock and needs load to clock up), the median of ``reps`` replays is reported, each
+replay ``calls`` launches back to back timed per launch (pootvk's recorded behind their
+barriers, torch's captured in one CUDA graph: a launch's start is hidden alike), the
 SM clock is logged through NVML where ``pynvml`` imports. Tables never show a time without a
 ratio beside it. The GPU-only series each sit in their own try/except: one failure prints one
 line and loses nothing else.
@@ -319,8 +321,10 @@ def _schedule_of(request: Any) -> tuple[str, int | None]:
 
 
 def bench_pootvk(device: Device, shape: Shape, dtype: str, ceiling: ReadCeiling, *,
-                 warm_s: float, reps: int, clock: SmClock, out=None) -> Row:
-    """``pootvk.attention`` once (checked against float64), then its plan's kernels replayed."""
+                 warm_s: float, reps: int, clock: SmClock, calls: int = 10, out=None) -> Row:
+    """``pootvk.attention`` once (checked against float64), then its plan's kernels replayed:
+    the attention time per launch of ``calls`` launches recorded back to back (as torch is
+    timed), the wall time of one."""
     import pootvk
 
     from .plan import AttentionRequest, DecodeCombineRequest, DecodeRequest
@@ -353,24 +357,33 @@ def bench_pootvk(device: Device, shape: Shape, dtype: str, ceiling: ReadCeiling,
     if main:
         row.schedule, row.splits = _schedule_of(main[0])
     # The public call left K/V in the plan's device buffers; a recording of the same
-    # dispatches without the per-step uploads times the kernels over resident K/V.
-    rec = Recorder(device).record(list(rp.recording.dispatches), timestamps=True)
+    # dispatches without the per-step uploads times the kernels over resident K/V: ``calls``
+    # copies back to back (each behind the barrier its hazards need, as in a step), per
+    # copy, the way torch's CUDA graph of ``calls`` calls is timed; one copy for the wall.
+    disp = list(rp.recording.dispatches)
+    rec = Recorder(device).record(disp, timestamps=True)
+    recn = Recorder(device).record(disp * calls, timestamps=True) if calls > 1 else rec
     try:
-        warm_for(lambda: rec.submit(wait=True), warm_s)
+        warm_for(lambda: recn.submit(wait=True), warm_s)
         row.sm_mhz = clock.check(f"pootvk {shape_text(shape)} {dtype}", out)
         attn, gpu, wall = [], [], []
+        for _ in range(reps):
+            recn.submit(wait=True)
+            times = recn.dispatch_times_ns()
+            if times is None:
+                row.note = "n/a (the device has no timestamps)"
+                return row
+            attn.append(sum(times[c * len(disp) + i] for c in range(calls)
+                            for i in attn_idx) / calls)
+            gpu.append(recn.gpu_time_ns() / calls)
         for _ in range(reps):
             t0 = time.perf_counter()
             rec.submit(wait=True)
             wall.append(time.perf_counter() - t0)
-            times = rec.dispatch_times_ns()
-            if times is None:
-                row.note = "n/a (the device has no timestamps)"
-                return row
-            attn.append(sum(times[i] for i in attn_idx))
-            gpu.append(rec.gpu_time_ns())
         row.reps = reps
     finally:
+        if recn is not rec:
+            recn.destroy()
         rec.destroy()
         rp.close()  # frees its K/V now; the cache rebuilds a closed entry if asked again
     _fill(row, statistics.median(attn) / 1e3, ceiling)
@@ -635,15 +648,18 @@ def _table(out, header: list[str], rows: list[list[str]]) -> None:
 
 def run(device: Device, shapes: list[Shape] | None = None, dtypes: list[str] | None = None, *,
         quick: bool = False, warm_s: float | None = None, reps: int | None = None,
-        json_path: str | None = None, plot_path: str | None = None, out=None) -> dict:
+        calls: int | None = None, json_path: str | None = None, plot_path: str | None = None,
+        out=None) -> dict:
     """Measure every series, print markdown tables of ratios, write ``json_path`` and the
-    ``plot_path`` PNG when given. Returns everything as a dict (what the JSON holds)."""
+    ``plot_path`` PNG when given. Returns everything as a dict (what the JSON holds).
+    ``calls``: launches timed back to back per replay (pootvk and torch alike)."""
     if shapes is None:
         shapes = QUICK_SHAPES if quick else (
             CPU_SHAPES if device.profile.device_type == "cpu" else GPU_SHAPES)
     dtypes = list(dtypes or DTYPES)
     warm_s = (0.05 if quick else 1.0) if warm_s is None else warm_s
     reps = (10 if quick else 50) if reps is None else reps
+    calls = (2 if quick else 10) if calls is None else calls
     out = sys.stdout if out is None else out
     p = device.profile
     print(f"device: {device.name} ({p.device_type}, {p.driver}, "
@@ -657,14 +673,16 @@ def run(device: Device, shapes: list[Shape] | None = None, dtypes: list[str] | N
     print(f"read ceiling: {ceiling.gbps:.1f} GB/s (vec4 read of {ceiling.nbytes >> 20} MiB of "
           "random words, best launch shape)", file=out)
     print(f"method: each case runs back to back >= {warm_s:g} s before timing; median of "
-          f"{reps} replays; K/V GB/s = K+V bytes / attention time; 'L2' = K+V <= "
+          f"{reps} replays of {calls} launches recorded back to back (pootvk, each behind "
+          "its barriers) or captured in one CUDA graph (torch), per launch; "
+          "K/V GB/s = K+V bytes / attention time; 'L2' = K+V <= "
           f"{L2_FIT_BYTES / 1e6:.0f} MB (fits a 60 MB L2: replays may read the cache); "
           f"pootvk outputs checked once against float64 numpy (nse <= {TOL:g})", file=out,
           flush=True)
     result: dict[str, Any] = {
         "device": {"name": device.name, "type": p.device_type, "driver": p.driver,
                    "compute_units": p.compute_units},
-        "ceiling": asdict(ceiling), "warm_s": warm_s, "reps": reps,
+        "ceiling": asdict(ceiling), "warm_s": warm_s, "reps": reps, "calls": calls,
         "sm_max_mhz": clock.max_mhz, "skipped": [], "rows": [],
     }
     skipped: list[str] = result["skipped"]
@@ -686,7 +704,7 @@ def run(device: Device, shapes: list[Shape] | None = None, dtypes: list[str] | N
         for dt in dtypes:
             try:
                 pv[s, dt] = bench_pootvk(device, s, dt, ceiling, warm_s=warm_s, reps=reps,
-                                         clock=clock, out=out)
+                                         clock=clock, calls=calls, out=out)
             except Exception as e:  # one shape's failure loses only that row
                 r = Row("pootvk", s, dt, kv_bytes(s, dt), fits_l2(s, dt))
                 r.note = f"n/a (failed: {type(e).__name__}: {e})".splitlines()[0]
@@ -694,7 +712,7 @@ def run(device: Device, shapes: list[Shape] | None = None, dtypes: list[str] | N
             if not why_no_torch:
                 try:
                     tr[s, dt] = bench_torch(s, dt, ceiling, warm_s=warm_s, reps=reps,
-                                            clock=clock, out=out)
+                                            clock=clock, calls=calls, out=out)
                 except Exception as e:
                     skip(f"torch SDPA {shape_text(s)} {dt} skipped: {type(e).__name__}: {e}")
             r = pv[s, dt]

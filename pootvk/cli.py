@@ -135,7 +135,7 @@ def _bench(args: argparse.Namespace) -> int:
     shapes = list(dict.fromkeys(args.shape)) if args.shape else None
     dtypes = list(dict.fromkeys(args.dtype)) if args.dtype else None
     run(resolve_device(args.device), shapes, dtypes, quick=args.quick, warm_s=args.warm,
-        reps=args.reps, json_path=args.json, plot_path=args.plot)
+        reps=args.reps, calls=args.calls, json_path=args.json, plot_path=args.plot)
     return 0
 
 
@@ -338,6 +338,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="seconds of back-to-back runs before timing each case (default 1)")
     bench.add_argument("--reps", type=positive_int, default=None,
                        help="timed replays per case, median reported (default 50)")
+    bench.add_argument("--calls", type=positive_int, default=None,
+                       help="launches timed back to back per replay, per launch (default 10; "
+                            "2 with --quick)")
     bench.add_argument("--json", metavar="FILE", help="write every number to FILE")
     bench.add_argument("--plot", metavar="FILE.png",
                        help="K/V GB/s against Lk for every series (needs matplotlib)")
