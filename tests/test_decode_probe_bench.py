@@ -69,5 +69,6 @@ def test_decode_timeline_instruments_every_workgroup(tmp_path, capsys, device):
     assert [len(r["timestamps_us"]) for r in rows] == [1, 2]  # fused, then partial + combine
     for r in rows:
         assert r["nse"] < 1e-10
-        assert r["written"] == r["workgroups"] == 2 * 3  # KV heads x splits (one row block)
+        # every workgroup: KV heads x splits x row blocks (1 row a block on a GPU, 4 on a CPU)
+        assert r["written"] == r["workgroups"] and r["workgroups"] % (2 * 3) == 0
         assert r["span_us"] > 0 and r["loop"]["max"] > 0
