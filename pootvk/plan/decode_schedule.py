@@ -727,6 +727,18 @@ def choose_decode_schedule(
         # the fused combine's per-split weights do not fit: a second launch combines
         r = replace(r, fused_combine=False, min_chunk=0)
     check_request(r)
+    # Few KV heads whose split count is capped leave compute units idle: half the rows a
+    # workgroup doubles the workgroups (each row block reads the K/V again, mostly from
+    # L2). H200, (1,8,1,65536) (one KV head, 64 splits, 64 workgroups of 8 rows): 4 rows
+    # (128 workgroups) F16 28.9 us against 44.7, F32 41.4 against 51.0 (one run,
+    # bench/decode_probe.py --calls 10); 2 rows (256) 37.4 / 44.4.
+    half = r.rows_per_wg // 2
+    if (cu and profile.device_type != "cpu" and p.lq == 1 and half >= 1
+            and "rows_per_wg" not in ov_keys and "max_rows" not in ov_keys
+            and r.workgroups * 2 <= cu and p.group_rows % half == 0):
+        return choose_decode_schedule(p, profile, has_subgroup_shuffle=has_subgroup_shuffle,
+                                      force_splits=force_splits, max_splits=max_splits,
+                                      overrides={**(overrides or {}), "rows_per_wg": half})
     return r
 
 

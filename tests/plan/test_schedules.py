@@ -77,7 +77,8 @@ def test_the_split_rule_on_every_profile(name, shape):
 def test_h200_splits_measured_rules():
     h200 = recorded_profile("nvidia_h200")
     assert plan_for(h200, 1, 32, 8, 131072).kernels[0].request.splits == 16
-    assert plan_for(h200, 1, 8, 1, 65536).kernels[0].request.splits == 64  # one KV head
+    one = plan_for(h200, 1, 8, 1, 65536).kernels[0].request  # one KV head
+    assert one.splits == 64 and one.rows_per_wg == 4 and one.workgroups == 128
     assert plan_for(h200, 32, 32, 8, 2048).kernels[0].request.splits == 1  # 256 >= 132 SMs
     assert plan_for(h200, 1, 32, 8, 32768, lq=3).kernels[0].request.splits == 1  # Lq > 1
     # few KV heads over a short cache (<= FEW_SPLITS_BYTES each, SmolLM2's attention) stay
@@ -129,7 +130,8 @@ def test_pootvk_plan_prints_the_choices(capsys):
     assert main(["plan", "--profile", "nvidia_h200", "--shape", "1,8,1,65536,128"]) == 0
     out = capsys.readouterr().out
     assert "splits=64" in out and "split combine" in out and "132 compute units" in out
-    assert "grouped split-KV: 64 workgroups x 256 lanes" in out
+    # one KV head: 64 splits x 2 row blocks of 4 rows (64 workgroups would idle half the SMs)
+    assert "grouped split-KV: 128 workgroups x 256 lanes" in out and "4 rows each" in out
     assert "scratch: 266240 B in the arena" in out
     assert main(["plan", "--profile", "lavapipe", "--shape", "1,4,2,100,64",
                  "--kv-dtype", "bfloat16", "--lq", "2"]) == 0

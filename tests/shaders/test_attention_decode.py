@@ -347,6 +347,8 @@ def test_split_rule_on_the_h200_profile():
     assert req(1, 32, 8, 200).splits == 1  # chunks would fall under 128 keys
     one = req(1, 8, 1, 65536)  # a single KV head: up to 64 splits, combined by a 2nd launch
     assert one.splits == 64 and one.launches == 2
+    # ... and two row blocks of 4 rows: 128 workgroups, not 64 (half the SMs idle)
+    assert one.rows_per_wg == 4 and one.workgroups == 128
     mid = req(8, 32, 8, 8192)  # 6 splits fill 2.91 waves of 132 SMs (5: 2.42)
     assert mid.splits == 6 and mid.workgroups == 384 and mid.launches == 2
     assert big.keys_per_iter == 4  # unsplit 16-bit K/V at 8 lanes, 128-lane workgroups
