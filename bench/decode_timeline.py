@@ -1,6 +1,6 @@
 """Per-workgroup timelines of a decode-attention kernel: where a launch's time goes.
 
-    POOTVK_SHADER_CLOCK=1 python3 bench/decode_timeline.py [--shape B,Hq,Hkv,Lk] [--kv f16]
+    python3 bench/decode_timeline.py [--shape B,Hq,Hkv,Lk] [--kv f16]
         [--variant JSON] [--warm 1.0] [--json FILE]
 
 Why: with no profiler on the lent GPU, a kernel's fixed cost (the part of its time that
@@ -15,7 +15,8 @@ spread over workgroups), how unequal the SMs' loop times are, and the launch spa
 
 The instrumented source differs from the planned one only by the clock reads and one
 extra storage binding; its output is still checked against float64 numpy. Needs
-VK_KHR_shader_clock with device scope (Config.shader_clock, POOTVK_SHADER_CLOCK=1).
+VK_KHR_shader_clock with device scope: the probe creates its device with
+Config.shader_clock (what POOTVK_SHADER_CLOCK=1 sets for any other caller).
 """
 
 from __future__ import annotations
