@@ -226,7 +226,8 @@ class Replay:
                 if a.dtype != dtype and not np.issubdtype(a.dtype, np.integer):
                     return None
             if rng is not None and a.size and not (
-                rng[0] <= int(a.min()) and int(a.max()) <= rng[1]
+                rng[0] <= a.item() <= rng[1] if a.size == 1  # a position: no reductions
+                else rng[0] <= int(a.min()) and int(a.max()) <= rng[1]
             ):  # a ranged slot may be an array (token ids), not only a scalar position
                 return None  # check_bind raises the typed error
             if write_map:  # a pool slot named twice: WriteMapError, before any write
