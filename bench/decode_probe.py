@@ -34,7 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pootvk.benchmark import SmClock, read_ceiling  # noqa: E402
+from pootvk.benchmark import SmClock, per_launch_ns, read_ceiling  # noqa: E402
 from pootvk.plan.decode_schedule import (  # noqa: E402
     DecodeProblem,
     DecodeRequest,
@@ -148,9 +148,7 @@ class Launch:
         for _ in range(reps):
             self.rec.submit(wait=True)
             tot.append(self.rec.gpu_time_ns() / self.calls)
-            d = self.rec.dispatch_times_ns()
-            per.append([sum(d[c * self.n + i] for c in range(self.calls)) / self.calls
-                        for i in range(self.n)])
+            per.append(per_launch_ns(self.rec.dispatch_times_ns(), self.n, self.calls))
         med = [statistics.median(x) for x in zip(*per, strict=True)]
         return statistics.median(tot), med
 
@@ -158,6 +156,22 @@ class Launch:
         self.rec.destroy()
         if self.warm_rec is not None:
             self.warm_rec.destroy()
+
+
+def query_buffers(device: Device, q: np.ndarray, hkv: int, dv: int, length: int) -> tuple:
+    """(q, out, partial, counter, len) buffers of a [B, Hq, 1, D] query: q written, room for
+    up to 64 splits' partials, the fused combine's counters zeroed, every row's live
+    length ``length``."""
+    b, hq = q.shape[:2]
+    qb = device.create_buffer(q.nbytes, name="q")
+    qb.write(0, q)
+    out = device.create_buffer(b * hq * dv * 4, name="out")
+    part = device.create_buffer(b * hq * 64 * (dv + 2) * 4, name="partial")
+    counter = device.create_buffer(b * hkv * hq * 4, name="counter")
+    counter.write(0, np.zeros(b * hkv * hq, np.uint32))
+    lens = device.create_buffer(b * 4, name="len")
+    lens.write(0, np.full(b, length, np.int32))
+    return qb, out, part, counter, lens
 
 
 def decode_specs(req: DecodeRequest, bufs: dict[str, BufferRange]) -> list[tuple]:
@@ -232,14 +246,7 @@ def run_shape(device, shape, kvs, args, ceiling_gbps, clock, results):
     k32 = rng.random((b, hkv, lk, D), dtype=np.float32) - 0.5
     v32 = rng.random((b, hkv, lk, D), dtype=np.float32) - 0.5
     scale = 1.0 / math.sqrt(D)
-    out = device.create_buffer(b * hq * D * 4, name="out")
-    part = device.create_buffer(b * hq * 64 * (D + 2) * 4, name="partial")
-    counter = device.create_buffer(b * hkv * hq * 4, name="counter")
-    counter.write(0, np.zeros(b * hkv * hq, np.uint32))
-    qb = device.create_buffer(q.nbytes, name="q")
-    qb.write(0, q)
-    lens = device.create_buffer(b * 4, name="len")
-    lens.write(0, np.full(b, live or lk, np.int32))
+    qb, out, part, counter, lens = query_buffers(device, q, hkv, D, live or lk)
     rng_ok = True
     print(f"# shape {shape}: data {time.perf_counter() - t0:.1f}s", flush=True)
     for kv in kvs:

@@ -25,7 +25,6 @@ import argparse
 import json
 import math
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -33,12 +32,18 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.decode_probe import from_storage, nse, reference, to_storage  # noqa: E402
+from bench.decode_probe import (  # noqa: E402
+    Launch,
+    decode_specs,
+    from_storage,
+    nse,
+    query_buffers,
+    reference,
+    to_storage,
+)
 from pootvk.config import Config  # noqa: E402
 from pootvk.plan.decode_schedule import DecodeProblem, choose_decode_schedule  # noqa: E402
-from pootvk.shaders.attention_decode import generate_decode  # noqa: E402
-from pootvk.shaders.compiler import compile_glsl  # noqa: E402
-from pootvk.vk import BufferRange, Device, Dispatch, Recorder  # noqa: E402
+from pootvk.vk import BufferRange, Device  # noqa: E402
 
 #: The marks after the start, in source order: (name, line test); the first line passing a
 #: mark's test after the previous mark gets a clock read before it (the key loop's end is
@@ -175,17 +180,13 @@ def main(argv: list[str] | None = None) -> int:
     ks, vs = to_storage(k32, args.kv), to_storage(v32, args.kv)
     scale = 1.0 / math.sqrt(d)
     ref = reference(q, from_storage(ks, args.kv), from_storage(vs, args.kv), scale)
-    bufs = {}
-    for name, arr in (("q", q), ("k", ks), ("v", vs)):
-        buf = device.create_buffer(arr.nbytes, name=name)
-        buf.write(0, arr)
-        bufs[name] = buf
-    bufs["out"] = device.create_buffer(b * hq * d * 4, name="out")
-    bufs["partial"] = device.create_buffer(b * hq * 64 * (d + 2) * 4, name="partial")
-    bufs["counter"] = device.create_buffer(b * hkv * hq * 4, name="counter")
-    bufs["counter"].write(0, np.zeros(b * hkv * hq, np.uint32))
-    bufs["len"] = device.create_buffer(b * 4, name="len")
-    bufs["len"].write(0, np.full(b, lk, np.int32))
+    qb, out, part, counter, lens = query_buffers(device, q, hkv, d, lk)
+    kb, vb = (device.create_buffer(x.nbytes, name=n) for x, n in ((ks, "k"), (vs, "v")))
+    kb.write(0, ks)
+    vb.write(0, vs)
+    bufs = {name: BufferRange(x, 0, x.size) for name, x in (
+        ("q", qb), ("k", kb), ("v", vb), ("out", out), ("partial", part),
+        ("counter", counter), ("len", lens))}
     p = DecodeProblem(b=b, hq=hq, hkv=hkv, lq=1, lk=lk, dk=d, dv=d, scale=scale,
                       kv_dtype=args.kv)
     results = []
@@ -194,28 +195,18 @@ def main(argv: list[str] | None = None) -> int:
         sp = ov.pop("splits", None)
         req = choose_decode_schedule(p, device.profile, has_subgroup_shuffle=True,
                                      force_splits=sp, overrides=ov or None)
-        srcs = generate_decode(req)
         n_groups = req.grid[0] * req.grid[1]
         tl = device.create_buffer(n_groups * WORDS * 4, name="timeline")
-        ranges = [BufferRange(bufs[x.name], 0, bufs[x.name].size) for x in req.bindings()]
-        src = instrument(srcs[0], len(ranges), sm_id)
-        pipe = device.compute_pipeline(compile_glsl(src), len(ranges) + 1,
-                                       len(req.push_constants()))
-        disp = [Dispatch(pipe, (*ranges, BufferRange(tl, 0, tl.size)),
-                         (req.grid[0], req.grid[1], 1), "partial",
-                         push=req.push_constants())]
-        if len(srcs) > 1:
-            cp = device.compute_pipeline(compile_glsl(srcs[1]), len(req.combine_bindings()), 0)
-            cr = [BufferRange(bufs[x.name], 0, bufs[x.name].size)
-                  for x in req.combine_bindings()]
-            disp.append(Dispatch(cp, tuple(cr), (*req.combine_grid, 1), "combine"))
-        rec = Recorder(device).record(disp, timestamps=True)
-        t_end = time.perf_counter() + args.warm
-        while time.perf_counter() < t_end:
-            rec.submit(wait=True)
+        specs = decode_specs(req, bufs)
+        src, ranges, grid, push = specs[0]  # the partial kernel, instrumented
+        specs[0] = (instrument(src, len(ranges), sm_id), [*ranges, BufferRange(tl, 0, tl.size)],
+                    grid, push)
+        lau = Launch(device, specs)
+        rec = lau.rec
+        lau.warm(args.warm)
         tl.write(0, np.zeros(n_groups * WORDS, np.uint32))
         rec.submit(wait=True)
-        got = bufs["out"].read_array(0, (b, hq, 1, d), np.float32)
+        got = out.read_array(0, (b, hq, 1, d), np.float32)
         err = nse(got, ref)
         per = rec.dispatch_times_ns()
         print(f"{args.shape} {args.kv} {vjson}: {req.describe()}")
@@ -223,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = summarise(tl.read_array(0, (n_groups * WORDS,), np.uint32), n_groups)
         results.append({"variant": vjson, "request": req.describe(), "nse": err,
                         "timestamps_us": [x / 1e3 for x in per], **summary})
-        rec.destroy()
+        lau.destroy()
         tl.destroy()
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

@@ -222,6 +222,12 @@ class SmClock:
         return mhz
 
 
+def per_launch_ns(times: list[float], n: int, calls: int) -> list[float]:
+    """Per-dispatch device time of ``n`` dispatches recorded ``calls`` times back to back
+    (``times`` indexed like the recording), averaged over the copies."""
+    return [sum(times[c * n + i] for c in range(calls)) / calls for i in range(n)]
+
+
 def warm_for(fn, seconds: float) -> int:
     """Run ``fn`` back to back for at least ``seconds`` (at least once); return the count."""
     n, end = 0, time.perf_counter() + seconds
@@ -373,8 +379,8 @@ def bench_pootvk(device: Device, shape: Shape, dtype: str, ceiling: ReadCeiling,
             if times is None:
                 row.note = "n/a (the device has no timestamps)"
                 return row
-            attn.append(sum(times[c * len(disp) + i] for c in range(calls)
-                            for i in attn_idx) / calls)
+            per = per_launch_ns(times, len(disp), calls)
+            attn.append(sum(per[i] for i in attn_idx))
             gpu.append(recn.gpu_time_ns() / calls)
         for _ in range(reps):
             t0 = time.perf_counter()
