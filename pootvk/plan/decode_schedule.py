@@ -223,6 +223,14 @@ class DecodeRequest(_GroupShape):
     #: matrix kernel: the scaled query is held as two f16 parts (hi + lo, two products per
     #: key block), so rounding it to f16 costs no accuracy (needs a tile of >= 32 keys)
     q_split: bool = False
+    #: matrix kernel with ``prefetch``: the steps whose 16-byte words are in flight while a
+    #: step computes (a register set each; the loop is unrolled this many times). One step
+    #: of the MLA shape (16 keys) computes in well under a memory latency, so with one set
+    #: in flight every step waited on its own words.
+    prefetch_steps: int = 1
+    #: matrix kernel: independent accumulators a subgroup's score products alternate
+    #: between (summed before the scores are stored)
+    score_accumulators: int = 1
 
     # --- derived ---------------------------------------------------------------------------
     @property
@@ -346,6 +354,8 @@ class DecodeRequest(_GroupShape):
             f"{f'min_chunk={self.min_chunk} ' if self.min_chunk else ''}"
             f"{f'coopmat{self.matrix} ' if self.matrix else ''}"
             f"{'qsplit ' if self.q_split else ''}"
+            f"{f'prefetch_steps={self.prefetch_steps} ' if self.prefetch_steps > 1 else ''}"
+            f"{f'score_acc={self.score_accumulators} ' if self.score_accumulators > 1 else ''}"
             f"grid={self.grid[0]}x{self.grid[1]}"
         )
 
@@ -773,6 +783,8 @@ def check_request(r: DecodeRequest) -> None:
         raise bad("min_chunk needs a fused split (and is >= 0)")
     if r.pool_slots < 0 or (r.pool_slots and r.dk_shared):
         raise bad("a key is dense, split or paged (pool_slots with dk_shared)")
+    if r.prefetch_steps != 1 or r.score_accumulators != 1:
+        raise bad("prefetch_steps and score_accumulators are the matrix kernel's")
 
 
 def _check_matrix(r: DecodeRequest, bad) -> None:
@@ -796,6 +808,10 @@ def _check_matrix(r: DecodeRequest, bad) -> None:
         raise bad("the matrix kernel keeps the query's lo part in tile rows 16..31")
     if r.splits < 1 or (r.min_chunk and not (r.splits > 1 and r.fused_combine)):
         raise bad("splits >= 1; min_chunk needs a fused split")
+    if not 1 <= r.prefetch_steps <= 4 or (r.prefetch_steps > 1 and not r.prefetch):
+        raise bad("prefetch_steps is 1..4 (more than 1 with prefetch)")
+    if not 1 <= r.score_accumulators <= 4:
+        raise bad("score_accumulators is 1..4")
 
 
 #: The cooperative-matrix shape the matrix kernel is written for (VK_KHR_cooperative_matrix
@@ -875,6 +891,8 @@ def _choose_matrix(p: DecodeProblem, profile: DeviceProfile, force_splits: int |
         tile //= 2
     words = -(-tile * (p.dk + p.dv) // 8 // (32 * nsg))  # 16-byte words a lane holds
     prefetch = bool(ov.pop("prefetch", 4 * words <= MATRIX_PREFETCH_WORD_REGS))
+    steps = int(ov.pop("prefetch_steps", 1))
+    nacc = int(ov.pop("score_accumulators", 1))
     q_split = ov.pop("q_split", None)
     fused_override = ov.pop("fused_combine", None)
     min_chunk_override = ov.pop("min_chunk", None)
@@ -898,7 +916,8 @@ def _choose_matrix(p: DecodeProblem, profile: DeviceProfile, force_splits: int |
         grid=fold_grid(groups, profile.max_grid),
         combine_grid=fold_grid(-(-out_rows * p.dv // COMBINE_LOCAL), profile.max_grid),
         prefetch=prefetch, fused_combine=fused, dk_shared=p.dk_shared, min_chunk=min_chunk,
-        matrix=MATRIX, q_split=bool(q_split),
+        matrix=MATRIX, q_split=bool(q_split), prefetch_steps=steps if prefetch else 1,
+        score_accumulators=nacc,
     )
     if r.fused_combine and r.splits > 1 and r.shared_bytes > profile.max_workgroup_memory:
         r = replace(r, fused_combine=False, min_chunk=0)

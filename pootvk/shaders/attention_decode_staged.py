@@ -81,6 +81,7 @@ def generate_decode_staged(r: DecodeRequest) -> str:
     G = max(1, SR // NKB)  # subgroups sharing one (row tile, key block): partial scores
     KBS = max(1, NKB // SR)  # key blocks per subgroup
     QD = -(-DKT // G)  # query chunks per subgroup
+    NA = min(r.score_accumulators, QD)  # independent score accumulators
     OT = RT * DT  # output tiles (row tile, 16 columns)
     TI = -(-OT // NSG)  # output tiles per subgroup
     LPR = min(32, TILE)  # lanes per softmax row
@@ -95,7 +96,7 @@ def generate_decode_staged(r: DecodeRequest) -> str:
     assert not r.q_split or TILE >= 32  # the lo part is staged in sK rows 16..31
     assert NSG % RT == 0 and R <= 16 * RT
 
-    binds = decode_bindings(r, "float", "uvec4", "float")
+    binds = decode_bindings(r, "vec4", "uvec4", "float")  # (query rows: 16-byte words)
     pdst = "part" if fused else "dst"
 
     shared = [f"shared f16vec4 sK[{TILE * KS}];", f"shared f16vec4 sV[{TILE * VS}];",
@@ -134,18 +135,19 @@ def generate_decode_staged(r: DecodeRequest) -> str:
         return "" if (TILE * wpr) % WG == 0 or (i + 1) * WG <= TILE * wpr else \
             f"if (lane + {i * WG}u < {TILE * wpr}u) "
 
-    def load_words(tbase: str, ind: int, decl: bool) -> None:
+    def load_words(tbase: str, ind: int, decl: bool, ws: int = 0) -> None:
+        """Register set ``ws`` <- the 16-byte words of the tile at key ``tbase``."""
         for name, base, wpr, _d, _s, _c, i in words:
-            var = f"w{name}{i}"
+            var = f"w{ws}{name}{i}"
             if decl:
                 emit(f"uvec4 {var} = uvec4(0u);", ind)
             row = f"{base} + min({tbase} + x / {wpr}u, TMAX)"
             emit(f"{guard(wpr, i)}{{ uint x = lane + {i * WG}u; "
                  f"{var} = {name}[({row}) * {wpr}u + x % {wpr}u]; }}", ind)
 
-    def store_words(ind: int) -> None:
+    def store_words(ind: int, ws: int = 0) -> None:
         for name, _b, wpr, dst, stride, col, i in words:
-            var = f"w{name}{i}"
+            var = f"w{ws}{name}{i}"
             emit(f"{guard(wpr, i)}{{", ind)
             emit(f"uint x = lane + {i * WG}u;", ind + 1)
             emit(f"uint rw = x / {wpr}u;", ind + 1)
@@ -156,6 +158,15 @@ def generate_decode_staged(r: DecodeRequest) -> str:
             emit(f"{dst}[o + 1u] = ok ? f16vec4(unpackFloat2x16({var}.z), "
                  f"unpackFloat2x16({var}.w)) : f16vec4(0.0);", ind + 1)
             emit("}", ind)
+
+    # the first steps' words are in flight while the query is staged (DP register sets of
+    # words in flight, the loop unrolled DP times: set j is stored at sub-step j and
+    # refilled with the tile DP steps ahead)
+    DP = r.prefetch_steps if r.prefetch else 1
+    if r.prefetch:
+        emit("uint t0 = k0;")
+        for ws in range(DP):
+            load_words(f"k0 + {ws * TILE}u", 1, True, ws)
 
     # --- the query: each row tile in turn scaled to f16 in sK (lo parts in rows 16..31), and
     # the subgroups of that tile load the chunks they use into registers
@@ -171,18 +182,30 @@ def generate_decode_staged(r: DecodeRequest) -> str:
         emit(f"{B16} qh{i};")
         if r.q_split:
             emit(f"{B16} ql{i};")
+    # every tile's query words are loaded into registers before any is used (a loop of
+    # load-then-store made each load wait for the one before: ~10 us of the MLA kernel's
+    # prologue on the H200, bench/mla_phases.py)
+    QW = 16 * DK // 4  # float vectors of a row tile's query
+    NQ = -(-QW // WG)
     for t in range(RT):
-        emit(f"for (uint i = lane; i < {16 * DK // 4}u; i += {WG}u) {{")
-        emit(f"uint rr = {16 * t}u + i / {DK // 4}u;", 2)
-        emit(f"uint qb = (bg * {GR}u + rbase + rr) * {DK}u + i % {DK // 4}u * 4u;", 2)
-        emit(f"vec4 x = rr < {R}u ? vec4(q[qb], q[qb + 1u], q[qb + 2u], q[qb + 3u]) * SCALE"
-             " : vec4(0.0);", 2)
-        emit("f16vec4 h = f16vec4(x);", 2)
-        emit(f"sK[(rr - {16 * t}u) * {KS}u + i % {DK // 4}u] = h;", 2)
-        if r.q_split:
-            emit(f"sK[(rr - {16 * t - 16}u) * {KS}u + i % {DK // 4}u] = f16vec4(x - vec4(h));"
-                 "  // f16's rest", 2)
-        emit("}")
+        for j in range(NQ):
+            emit(f"vec4 qx{t}_{j} = vec4(0.0);")
+            emit(f"{{ uint i = min(lane + {j * WG}u, {QW - 1}u);")
+            emit(f"uint rr = {16 * t}u + i / {DK // 4}u;", 2)
+            emit(f"uint qv = (bg * {GR}u + rbase + min(rr, {R - 1}u)) * {DK // 4}u + "
+                 f"i % {DK // 4}u;", 2)
+            emit(f"if (rr < {R}u) qx{t}_{j} = q[qv] * SCALE; }}", 2)
+    for t in range(RT):
+        for j in range(NQ):
+            emit(f"if (lane + {j * WG}u < {QW}u) {{" if (j + 1) * WG > QW else "{")
+            emit(f"uint i = lane + {j * WG}u;", 2)
+            emit(f"uint rr = i / {DK // 4}u;  // the row within the tile", 2)
+            emit(f"f16vec4 h = f16vec4(qx{t}_{j});", 2)
+            emit(f"sK[rr * {KS}u + i % {DK // 4}u] = h;", 2)
+            if r.q_split:
+                emit(f"sK[(rr + 16u) * {KS}u + i % {DK // 4}u] = f16vec4(qx{t}_{j} - vec4(h));"
+                     "  // f16's rest", 2)
+            emit("}")
         emit("barrier();")
         emit(f"if (rt == {t}u) {{  // uniform over the subgroup")
         for i in range(QD):
@@ -207,41 +230,47 @@ def generate_decode_staged(r: DecodeRequest) -> str:
         emit(f"uint orb{i} = ot{i} / {DT}u * 16u;  // its first row")
         emit(f"uint c{i} = ot{i} % {DT}u;  // its 16 columns")
         emit(f"{ACC} o{i} = {ACC}(0.0);")
-    if r.prefetch:
-        emit("uint t0 = k0;")
-        load_words("k0", 1, True)
 
-    emit("for (uint it = 0u; it < nit; ++it) {")
+    emit(f"for (uint it = 0u; it < nit; it += {DP}u) {{")
+    body_start = len(L)
     emit(f"{'' if r.prefetch else 'uint '}t0 = k0 + it * {TILE}u;  // this step's first key", 2)
     if not r.prefetch:
         load_words("t0", 2, True)
     store_words(2)
-    if r.prefetch:
-        load_words(f"t0 + {TILE}u", 2, False)  # the next step's words, in flight meanwhile
+    if r.prefetch:  # the words DP steps ahead, in flight meanwhile
+        load_words(f"t0 + {DP * TILE}u", 2, False)
     emit("barrier();", 2)
     # 1. scores (or partial scores) per key block
     for kbi in range(KBS):
         kb = f"kb0 + {kbi * SR}u" if KBS > 1 else "kb0"
         emit(f"if (t0 + ({kb}) * 16u < k1) {{  // uniform over the subgroup", 2)
-        emit(f"{ACC} acc = {ACC}(0.0);", 3)
+        # the chunks' products alternate between NA accumulators, so they do not all wait
+        # on one another (the MLA shape: 9 chunks a subgroup)
+        for a in range(NA):
+            emit(f"{ACC} acc{a} = {ACC}(0.0);", 3)
         for i in range(QD):
+            acc = f"acc{i % NA}"
             gd = "" if G == 1 or DKT % G == 0 or i < DKT // G else f"if (jq + {i * G}u < {DKT}u) "
             emit(f"{gd}{{", 3)
             emit(f"{A16} ka;", 4)
             emit(f"coopMatLoad(ka, sK, ({kb}) * {16 * KS}u + (jq + {i * G}u) * 4u, {KS}u, {ROW});",
                  4)
-            emit(f"acc = coopMatMulAdd(ka, qh{i}, acc);", 4)
+            emit(f"{acc} = coopMatMulAdd(ka, qh{i}, {acc});", 4)
             if r.q_split:
-                emit(f"acc = coopMatMulAdd(ka, ql{i}, acc);", 4)
+                emit(f"{acc} = coopMatMulAdd(ka, ql{i}, {acc});", 4)
             emit("}", 3)
+        for a in range(1, NA):
+            emit(f"acc0 = acc0 + acc{a};", 3)
         # score tile (row tile, part, key block) = rt * NKB * G + jq * NKB + kb
         slot = f"(rt * {NKB * G}u + jq * {NKB}u + {kb})"
-        emit(f"coopMatStore(acc, sS, {slot} * {16 * SS}u, {SS}u, {ROW});", 3)
+        emit(f"coopMatStore(acc0, sS, {slot} * {16 * SS}u, {SS}u, {ROW});", 3)
         emit("}", 2)
     emit("barrier();", 2)
     # 2. online softmax
     for j in range(RJ):
-        emit(f"if (sr{j} < {R}u) {{  // uniform over the row's lanes", 2)
+        # (a pass whose rows all exist runs unguarded, so the passes can interleave)
+        emit("{" if (j + 1) * NSG * RPS <= R else
+             f"if (sr{j} < {R}u) {{  // uniform over the row's lanes", 2)
         for e in range(KL):
             emit(f"uint kk{e} = ln % {LPR}u + {LPR * e}u;  // key within the step", 3)
             parts = " + ".join(
@@ -283,10 +312,13 @@ def generate_decode_staged(r: DecodeRequest) -> str:
     # 3. rescale, then O += P V
     # a row whose first key arrived (al = 0) holds zero accumulators (or NaN, which a
     # zero factor keeps): only 0 < al < 1 (or NaN) needs the round trip
-    emit("bool resc = false;", 2)
-    emit(f"for (uint rr = 0u; rr < {R}u; ++rr) resc = resc || !(sAl[rr] == 1.0 || "
-         "sAl[rr] == 0.0);", 2)
-    emit("if (resc) {  // uniform over the workgroup", 2)
+    # (lane rr reads row rr's factor, an OR across the subgroup: a loop over the rows made
+    # a chain of R dependent workgroup-memory reads and branches, ~1.5k of the MLA step's
+    # ~5.8k cycles on the H200, bench/mla_phases.py)
+    emit(f"float alr = sAl[min(ln, {R - 1}u)];", 2)
+    emit("uint rf = (!(alr == 1.0 || alr == 0.0)) ? 1u : 0u;", 2)
+    emit("for (uint off = 16u; off >= 1u; off >>= 1u) rf |= subgroupShuffleXor(rf, off);", 2)
+    emit("if (rf != 0u) {  // uniform over the workgroup (every subgroup reads every row)", 2)
     for i in range(TI):
         emit(f"coopMatStore(o{i}, sS, sg * {16 * SS}u, {SS}u, {ROW});", 3)
         emit("barrier();", 3)
@@ -297,15 +329,24 @@ def generate_decode_staged(r: DecodeRequest) -> str:
         emit(f"coopMatLoad(o{i}, sS, sg * {16 * SS}u, {SS}u, {ROW});", 3)
         emit("barrier();", 3)
     emit("}", 2)
+    # with DT a multiple of NSG, tile i's rows are row tile i * NSG / DT for every subgroup:
+    # each row tile's weights are loaded once, not once per output tile
+    static_rt = RT > 1 and DT % NSG == 0
     for kb in range(NKB):
         emit(f"if (t0 + {kb * 16}u < k1) {{  // uniform over the workgroup", 2)
         if RT == 1:
             emit(f"{A16} pa;", 3)
             emit(f"coopMatLoad(pa, sP, {kb * 4}u, {PS}u, {ROW});", 3)
+        elif static_rt:
+            for t in sorted({i * NSG // DT for i in range(TI)}):
+                emit(f"{A16} pa{t};", 3)
+                emit(f"coopMatLoad(pa{t}, sP, {16 * t * PS + kb * 4}u, {PS}u, {ROW});", 3)
         for i in range(TI):
             gd = "" if OT % NSG == 0 else f"if (sg + {i * NSG}u < {OT}u) "
             emit(f"{gd}{{", 3)
-            if RT > 1:  # the weights of this tile's rows
+            if static_rt:
+                emit(f"{A16} pa = pa{i * NSG // DT};", 4)
+            elif RT > 1:  # the weights of this tile's rows
                 emit(f"{A16} pa;", 4)
                 emit(f"coopMatLoad(pa, sP, orb{i} * {PS}u + {kb * 4}u, {PS}u, {ROW});", 4)
             emit(f"{B16} vb;", 4)
@@ -314,6 +355,18 @@ def generate_decode_staged(r: DecodeRequest) -> str:
             emit("}", 3)
         emit("}", 2)
     emit("barrier();  // sK, sV, sP are read before the next step writes them", 2)
+    if DP > 1:  # the step's lines once per register set, each under its own step guard
+        body = L[body_start:]
+        del L[body_start:]
+        for ws in range(DP):
+            emit(f"if (it + {ws}u < nit) {{  // uniform over the workgroup", 2)
+            for line in body:
+                line = line.replace("it * ", f"(it + {ws}u) * ", 1) if "t0 = k0 + it" in line \
+                    else line
+                for name, _b, _w, _d, _s, _c, i in words:
+                    line = line.replace(f"w0{name}{i}", f"w{ws}{name}{i}")
+                L.append("    " + line)
+            emit("}", 2)
     emit("}")
 
     # the rows' (m, l), then each subgroup's tiles out (every subgroup takes every barrier)

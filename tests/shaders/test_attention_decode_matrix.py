@@ -5,6 +5,8 @@ its chooser rules on the recorded profiles (those run everywhere)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -14,6 +16,7 @@ from pootvk.errors import DtypeLowering, ShapeError
 from pootvk.plan.decode_schedule import (
     MATRIX_MIN_STATE,
     DecodeProblem,
+    check_request,
     choose_decode_schedule,
     matrix_supported,
 )
@@ -87,9 +90,22 @@ def test_matrix_two_row_tiles_split_key(mdevice):
 
 @pytest.mark.parametrize("variant", [{}, {"prefetch": False}, {"q_split": False},
                                      {"local_size": 256}, {"local_size": 64},
-                                     {"fused_combine": False}, {"tile": 16}, {"tile": 32}])
+                                     {"fused_combine": False}, {"tile": 16}, {"tile": 32},
+                                     {"prefetch_steps": 2}, {"prefetch_steps": 3, "tile": 16},
+                                     {"score_accumulators": 2},
+                                     {"prefetch_steps": 4, "score_accumulators": 3}])
 def test_matrix_variants(mdevice, variant):
     mcase(mdevice, b=1, hq=16, hkv=2, lk=512, dk=128, dv=128, splits=3, ov=variant)
+
+
+@pytest.mark.parametrize("lk", [1, 16, 48, 200, 1000])
+@pytest.mark.parametrize("splits", [1, 2, 7])
+def test_matrix_deep_prefetch_split_key(mdevice, lk, splits):
+    """The MLA layout with words three steps ahead and two score accumulators: chunks of
+    any length (fewer steps than register sets, a partial last unrolled step)."""
+    split_key_case(mdevice, (1, 32, 1, lk, 128, 64, 256), (splits,), seed=lk,
+                   overrides={"rows_per_wg": 32, "local_size": 256, "tile": 16,
+                              "prefetch_steps": 3, "score_accumulators": 2})
 
 
 @pytest.mark.parametrize("mask", ["shared", "alibi", "random"])
@@ -255,6 +271,38 @@ def test_matrix_rules_on_the_h200_profile():
     assert m.splits == 33 and m.workgroups == H200.compute_units and m.launches == 2
     assert m.prefetch and not m.q_split  # 9 words a lane in flight; lo part needs 32 rows
     assert m.shared_bytes <= H200.max_workgroup_memory
+    # one register set of words in flight, one score accumulator (deeper prefetch and split
+    # accumulators measured slower or even on the H200: bench/mla_phases.py)
+    assert (m.prefetch_steps, m.score_accumulators) == (1, 1)
+
+
+def test_matrix_prefetch_steps_and_score_accumulators_are_checked():
+    """The matrix kernel's knobs refuse values its generator cannot serve, with the
+    request's description; the scalar kernel refuses them outright."""
+    mla = DecodeProblem(b=1, hq=128, hkv=1, lq=1, lk=4096, dk=576, dv=512, scale=0.1,
+                        kv_dtype="f16", dk_shared=64)
+    for ov in ({"prefetch_steps": 5}, {"prefetch_steps": 0}, {"score_accumulators": 0},
+               {"score_accumulators": 5}, {"prefetch": False, "prefetch_steps": 2}):
+        r = choose_decode_schedule(mla, H200, has_subgroup_shuffle=True,
+                                   overrides={"matrix": 16})
+        bad = replace(r, **ov)
+        with pytest.raises(ShapeError, match="prefetch_steps|score_accumulators"):
+            check_request(bad)
+    gqa = DecodeProblem(b=1, hq=32, hkv=8, lq=1, lk=4096, dk=128, dv=128, scale=0.1,
+                        kv_dtype="f16")
+    s = choose_decode_schedule(gqa, H200, has_subgroup_shuffle=True)
+    assert s.matrix == 0
+    for ov in ({"prefetch_steps": 2}, {"score_accumulators": 2}):
+        with pytest.raises(ShapeError, match="matrix kernel's"):
+            check_request(replace(s, **ov))
+    # a planned request with both knobs generates and compiles
+    r = choose_decode_schedule(mla, H200, has_subgroup_shuffle=True,
+                               overrides={"prefetch_steps": 3, "score_accumulators": 2})
+    assert (r.prefetch_steps, r.score_accumulators) == (3, 2)
+    assert "prefetch_steps=3" in r.describe() and "score_acc=2" in r.describe()
+    for src in generate_decode(r):
+        assert not PRIVATE_ARRAY.search(src)
+        compile_glsl(src)
 
 
 def test_matrix_sources_compile_without_private_arrays():
