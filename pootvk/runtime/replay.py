@@ -180,14 +180,16 @@ class Replay:
 
     def _output_reads(self) -> list[tuple]:
         """What a step reads back, witnesses first (checked before anything is published):
-        (name, var, location, typed view of mapped memory or None, is_witness)."""
+        (name, var, location, typed view of mapped memory or None, is_witness, plain: the
+        view's copy is the value as it is, no ``from_device`` conversion)."""
         g = self.plan.graph
         reads = []
         for names, witness in ((g.validations, True), (g.exports, False)):
             for name, v in names.items():
                 loc = self.plan.outputs[name]
                 view = self.buffers[loc.buffer].view(loc.offset, v.shape, device_numpy(v.dtype))
-                reads.append((name, v, loc, view, witness))
+                plain = view is not None and v.dtype not in (DType.BOOL, DType.BF16)
+                reads.append((name, v, loc, view, witness, plain))
         return reads
 
     def _guard_ranges(self) -> dict[str, tuple[int, int] | None]:
@@ -202,7 +204,7 @@ class Replay:
         return out
 
     def _clear_witnesses(self) -> None:
-        for _name, v, loc, view, witness in self._outs:
+        for _name, v, loc, view, witness, _plain in self._outs:
             if not witness:
                 continue
             if view is not None:
@@ -295,12 +297,10 @@ class Replay:
     # --- one step --------------------------------------------------------------------------
     def step(self, values: Mapping[str, object]) -> dict[str, np.ndarray]:
         """Bind per-step slots (and any params given), run the recording, return exports."""
-        g = self.plan.graph
-        self._require_open()
         fast = self._fast_bind(values)
         if fast is None:
             names = self._per_step | (set(values) & self._params)
-            checked = check_bind(g, values, only=names)
+            checked = check_bind(self.plan.graph, values, only=names)
         with self._lock:  # bind + submit + read: one caller at a time
             self._require_open()
             if fast is not None:
@@ -314,8 +314,9 @@ class Replay:
             self._clear_witnesses()
             rec.submit(wait=True)
             out = {}
-            for name, v, loc, view, witness in self._outs:
-                val = (from_device(view.copy(), v.dtype) if view is not None
+            for name, v, loc, view, witness, plain in self._outs:
+                val = (view.copy() if plain
+                       else from_device(view.copy(), v.dtype) if view is not None
                        else self._read(loc, v.shape, v.dtype))
                 if not witness:
                     out[name] = val
