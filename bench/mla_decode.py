@@ -2,7 +2,7 @@
 
     python3 bench/mla_decode.py [--shape B,Hq,Hkv,Lk,Dk,s,Dv] [--dtype f16|f32] [--quick]
                                 [--warm 1.0] [--reps 50] [--no-sweep] [--separate-v]
-                                [--json FILE]
+                                [--variants JSON] [--json FILE]
 
 The default shape is DeepSeek-V3's MLA decode step: B=1, Hq=128, Hkv=1, Dk=576 (k_nope 512 +
 k_shared s=64), Dv=512, Lk=32768, F16 K/V. As in DeepSeek's absorbed form, v holds the same
@@ -240,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warm", type=float, default=None, help="s of warm-up per case (1)")
     ap.add_argument("--reps", type=int, default=None, help="timed replays, median (50)")
     ap.add_argument("--no-sweep", action="store_true", help="only the planner's schedule")
+    ap.add_argument("--variants", default=None,
+                    help='a JSON list of schedule overrides timed instead of the sweep, e.g. '
+                    '\'[{"prefetch_steps": 3, "score_accumulators": 2}]\'')
     ap.add_argument("--separate-v", action="store_true", help="v independent of k_nope")
     ap.add_argument("--device", default=None)
     ap.add_argument("--json", default=None)
@@ -276,9 +279,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = [bench_pootvk(device, shape, inputs, ref, ceiling.gbps, itemsize, forced={},
                          warm_s=warm, reps=reps, clock=clock)]
     default = rows[0].get("request")
-    if not args.no_sweep:
-        for f in sweep(shape, default if isinstance(default, DecodeRequest) else None,
-                       prof.compute_units):
+    if args.variants or not args.no_sweep:
+        forced = [{"schedule": "grouped", **v} for v in json.loads(args.variants)] \
+            if args.variants else \
+            sweep(shape, default if isinstance(default, DecodeRequest) else None,
+                  prof.compute_units)
+        for f in forced:
             rows.append(bench_pootvk(device, shape, inputs, ref, ceiling.gbps, itemsize,
                                      forced=f, warm_s=warm, reps=reps, clock=clock))
             print(f"  {f}: {rows[-1].get('us', 'n/a')} us", file=sys.stderr, flush=True)
