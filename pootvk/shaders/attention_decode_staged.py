@@ -231,14 +231,20 @@ def generate_decode_staged(r: DecodeRequest) -> str:
         emit(f"uint c{i} = ot{i} % {DT}u;  // its 16 columns")
         emit(f"{ACC} o{i} = {ACC}(0.0);")
 
+    def step_head(ws: int, ind: int) -> None:
+        """Step ``it + ws``'s first key, its words (register set ``ws``) into workgroup
+        memory and the words DP steps ahead into the same set, in flight meanwhile."""
+        step = f"(it + {ws}u)" if ws else "it"
+        emit(f"{'' if r.prefetch else 'uint '}t0 = k0 + {step} * {TILE}u;  // this step's "
+             "first key", ind)
+        if not r.prefetch:
+            load_words("t0", ind, True)
+        store_words(ind, ws)
+        if r.prefetch:
+            load_words(f"t0 + {DP * TILE}u", ind, False, ws)
+
     emit(f"for (uint it = 0u; it < nit; it += {DP}u) {{")
-    body_start = len(L)
-    emit(f"{'' if r.prefetch else 'uint '}t0 = k0 + it * {TILE}u;  // this step's first key", 2)
-    if not r.prefetch:
-        load_words("t0", 2, True)
-    store_words(2)
-    if r.prefetch:  # the words DP steps ahead, in flight meanwhile
-        load_words(f"t0 + {DP * TILE}u", 2, False)
+    tail_start = len(L)  # the rest of a step is the same whatever its register set
     emit("barrier();", 2)
     # 1. scores (or partial scores) per key block
     for kbi in range(KBS):
@@ -355,17 +361,16 @@ def generate_decode_staged(r: DecodeRequest) -> str:
             emit("}", 3)
         emit("}", 2)
     emit("barrier();  // sK, sV, sP are read before the next step writes them", 2)
-    if DP > 1:  # the step's lines once per register set, each under its own step guard
-        body = L[body_start:]
-        del L[body_start:]
+    tail = L[tail_start:]
+    del L[tail_start:]
+    if DP == 1:
+        step_head(0, 2)
+        L.extend(tail)
+    else:  # one step per register set, each guarded
         for ws in range(DP):
             emit(f"if (it + {ws}u < nit) {{  // uniform over the workgroup", 2)
-            for line in body:
-                line = line.replace("it * ", f"(it + {ws}u) * ", 1) if "t0 = k0 + it" in line \
-                    else line
-                for name, _b, _w, _d, _s, _c, i in words:
-                    line = line.replace(f"w0{name}{i}", f"w{ws}{name}{i}")
-                L.append("    " + line)
+            step_head(ws, 3)
+            L.extend("    " + line for line in tail)
             emit("}", 2)
     emit("}")
 
