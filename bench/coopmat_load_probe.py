@@ -25,6 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pootvk.benchmark import SmClock, read_ceiling, time_dispatches  # noqa: E402
+from pootvk.plan.decode_schedule import COOPMAT_SHAPE, lists_coopmat  # noqa: E402
 from pootvk.shaders.compiler import compile_glsl  # noqa: E402
 from pootvk.vk import BufferRange, Device, Dispatch  # noqa: E402
 
@@ -119,17 +120,26 @@ void main() {{
 """
 
 
+def open_coopmat_device() -> Device | None:
+    """The default device, or None (said in one line, the device closed) where it lists no
+    16x16x16 f16 -> f32 cooperative matrix: the tensor-core probes' common start."""
+    dev = Device()
+    if lists_coopmat(dev.profile):
+        return dev
+    print(f"# {dev.name} lists no {COOPMAT_SHAPE} cooperative matrix "
+          "(VK_KHR_cooperative_matrix): nothing to probe")
+    dev.close()
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--mb", type=int, default=134)
     ap.add_argument("--warm", type=float, default=0.5)
     ap.add_argument("--reps", type=int, default=20)
     a = ap.parse_args(argv)
-    dev = Device()
-    if "16x16x16 f16 f16 f32 f32" not in (dev.profile.extra.get("coopmat") or ()):
-        print(f"# {dev.name} lists no 16x16x16 f16 -> f32 cooperative matrix "
-              "(VK_KHR_cooperative_matrix): nothing to probe")
-        dev.close()
+    dev = open_coopmat_device()
+    if dev is None:
         return 2
     clock = SmClock(dev.name)
     ceil = read_ceiling(dev)

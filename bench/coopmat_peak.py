@@ -24,9 +24,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.coopmat_load_probe import open_coopmat_device  # noqa: E402
 from pootvk.benchmark import SmClock, read_ceiling, time_dispatches  # noqa: E402
 from pootvk.shaders.compiler import compile_glsl  # noqa: E402
-from pootvk.vk import BufferRange, Device, Dispatch  # noqa: E402
+from pootvk.vk import BufferRange, Dispatch  # noqa: E402
 
 #: The MLA decode shape of issue 8: FLOPs of S = Q K^T and O = P V, and the K/V bytes read.
 MLA_FLOP = 2 * 128 * 32768 * (576 + 512)
@@ -81,11 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--iters", type=int, default=2048)
     a = ap.parse_args(argv)
-    dev = Device()
-    if "16x16x16 f16 f16 f32 f32" not in (dev.profile.extra.get("coopmat") or ()):
-        print(f"# {dev.name} lists no 16x16x16 f16 -> f32 cooperative matrix "
-              "(VK_KHR_cooperative_matrix): nothing to probe")
-        dev.close()
+    dev = open_coopmat_device()
+    if dev is None:
         return 2
     clock = SmClock(dev.name)
     ceil = read_ceiling(dev)

@@ -27,6 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.mla_decode import TOL, make_inputs, nse, reference  # noqa: E402
 from pootvk.benchmark import SmClock, time_dispatches  # noqa: E402
 from pootvk.config import config  # noqa: E402
 from pootvk.errors import PipelineStatisticsUnavailable  # noqa: E402
@@ -40,7 +41,6 @@ from pootvk.shaders.compiler import compile_glsl  # noqa: E402
 from pootvk.vk import BufferRange, Device, Dispatch  # noqa: E402
 
 LOOP = "for (uint it = 0u; it < nit;"
-TOL = 5e-4  # normalised squared error against float64 (the decode tests' bound)
 
 
 def instrument(src: str, binding: int) -> tuple[str, list[str]]:
@@ -142,12 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         dev.close()
         return 2
     clock = SmClock(dev.name)
-    rng = np.random.default_rng(0)
-    q = rng.standard_normal((b, hq, 1, dk), dtype=np.float32)
-    kn = rng.standard_normal((b, hkv, lk, dk - s)).astype(np.float16)
-    kp = rng.standard_normal((b, 1, lk, s)).astype(np.float16)
-    v = rng.standard_normal((b, hkv, lk, dv)).astype(np.float16)
-    scale = dk ** -0.5
+    q, kn, kp, v = make_inputs((b, hq, hkv, lk, dk, s, dv), np.float16, separate_v=True)
+    ref = reference(q, kn, kp, v)
     bufs = {}
     for name, arr in (("q", q), ("k", kn), ("k_shared", kp), ("v", v)):
         buf = dev.create_buffer(arr.nbytes, name=name)
@@ -158,14 +154,6 @@ def main(argv: list[str] | None = None) -> int:
     bufs["counter"] = dev.create_buffer(b * hq * 4, name="counter")
     bufs["counter"].write(0, np.zeros(b * hq, np.uint32))
     ph = dev.create_buffer(1 << 20, name="phases")
-    kf = np.concatenate([kn.astype(np.float64),
-                         np.broadcast_to(kp.astype(np.float64), (b, hkv, lk, s))], -1)
-    n_rep = hq // hkv
-    s64 = np.einsum("bgrd,bgkd->bgrk", q.astype(np.float64).reshape(b, hkv, n_rep, dk), kf)
-    s64 *= scale
-    w = np.exp(s64 - s64.max(-1, keepdims=True))
-    ref = np.einsum("bgrk,bgkd->bgrd", w / w.sum(-1, keepdims=True), v.astype(np.float64))
-    ref = ref.reshape(b, hq, dv)
     variants = [{}] + [json.loads(x) for x in (a.variant or [])]
     worst = 0.0
     print(f"# {dev.name}; shape {a.shape}; cycles per step (SM clock), subgroup 0, median "
@@ -195,8 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             ids.append(comb)
         us, mhz, _ = time_dispatches(dev, ds, warm_s=a.warm, reps=a.reps, clock=clock)
         ius, _, _ = time_dispatches(dev, ids, warm_s=0.1, reps=a.reps, clock=clock)
-        got = bufs["out"].read_array(0, (b, hq, dv), np.float32).astype(np.float64)
-        err = float(np.sum((got - ref) ** 2) / np.sum(ref ** 2))
+        err = nse(bufs["out"].read_array(0, ref.shape, np.float32), ref)
         worst = max(worst, err)
         pus, _, _ = time_dispatches(dev, ds[:1], warm_s=0.1, reps=a.reps, clock=clock)
         words = len(names) + 4 + npro

@@ -841,13 +841,19 @@ MATRIX_SUBGROUPS_WIDE = 8
 MATRIX_PREFETCH_WORD_REGS = 64
 
 
+def lists_coopmat(profile: DeviceProfile) -> bool:
+    """Whether the device lists the cooperative matrix the matrix kernel is written for
+    (``COOPMAT_SHAPE``)."""
+    return COOPMAT_SHAPE in (profile.extra.get("coopmat") or ())
+
+
 def matrix_supported(p: DecodeProblem, profile: DeviceProfile, has_subgroup_shuffle: bool) -> bool:
     """Whether the tensor-core kernel can serve ``p`` on ``profile``: the device lists the
     16x16x16 f16 -> f32 cooperative matrix (VK_KHR_cooperative_matrix), 32-lane subgroups
     with shuffles, f16 arithmetic and 16-bit storage; dense f16 K/V whose widths are
     multiples of 16."""
     ex = profile.extra
-    return (COOPMAT_SHAPE in (ex.get("coopmat") or ()) and profile.subgroup_size == 32
+    return (lists_coopmat(profile) and profile.subgroup_size == 32
             and has_subgroup_shuffle and bool(ex.get("shader_float16"))
             and bool(ex.get("storage_buffer_16bit")) and p.kv_dtype == "f16"
             and not p.pool_slots and all(w % 16 == 0 for w in (*p.key_widths, p.dv)))
