@@ -26,6 +26,7 @@ from .prims import (
 )
 from .rules import RuleTable
 from .slotmap import NO_SLOT, ForwardSlotMap
+from .sparse_form import SelectedForm
 
 __all__ = [
     "BF16", "BOOL", "F16", "F32", "I32", "U32", "DType", "from_numpy",
@@ -34,5 +35,5 @@ __all__ = [
     "Eqn", "Graph", "Literal", "Params", "Slot", "SlotKind", "UseInfo", "Var",
     "PRIMS", "CompareOp", "Prim", "ReduceOp", "UnaryOp", "fused", "prims",
     "check_graph", "new_eqn", "shape_rules", "type_eqn", "RuleTable",
-    "NO_SLOT", "ForwardSlotMap",
+    "NO_SLOT", "ForwardSlotMap", "SelectedForm",
 ]

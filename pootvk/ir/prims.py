@@ -16,10 +16,11 @@ import numpy as np
 
 from ..errors import ShapeError
 from .attention_form import AttentionForm, check_form_operands
-from .dtypes import BOOL, I32, DType
+from .dtypes import BOOL, F32, I32, DType
 from .graph import Eqn, Graph, Literal, Params, Var
 from .linear_form import LinearForm, type_linear
 from .rules import RuleTable
+from .sparse_form import SelectedForm, check_selected, check_selection
 
 Aval = tuple[tuple[int, ...], DType]
 ShapeRule = Callable[[Sequence[Var], Params], list[Aval]]
@@ -134,6 +135,15 @@ WITNESS_SHAPE = (2,)
 #: optionally with a prologue computing ``a`` and an epilogue (passes.linear_fuse): operands
 #: ``(a-side..., w, epilogue operands...)`` (ir.linear_form)
 LINEAR = Prim("Linear", None, fused=True, form=LinearForm)
+#: TopK(x) -> the I32 indices [..., k] of the k largest entries along x's last axis (NaN below
+#: every number, -0 equal to +0, ties to the lower index), listed in ascending index order
+TOPK = Prim("TopK", 1, k=int)
+#: BlockTopK(scores [B,Hs,Lq,NB], qpos [B,Lq]) -> ids [B,Hs,Lq,K]: the K complete blocks of
+#: highest score, ascending, then -1 (``ir.sparse_form``; ``passes.selection`` forms it)
+BLOCK_TOPK = Prim("BlockTopK", 2, fused=True, block_size=int, top_k=int)
+#: SelectedAttention(q, k, v, ids, qpos): attention over each row's selected blocks and its
+#: own unfinished block, no mask operand (``ir.sparse_form``)
+SELECTED_ATTENTION = Prim("SelectedAttention", 5, fused=True, form=SelectedForm)
 
 shape_rules: RuleTable[Prim, ShapeRule] = RuleTable(
     "shape", lambda p, why: ShapeError(f"{why} for primitive {p}")
@@ -350,6 +360,31 @@ def _index_guard(xs: Sequence[Var], p: Params) -> list[Aval]:
 @rule(ATTENTION)
 def _attention(xs: Sequence[Var], p: Params) -> list[Aval]:
     shape, dt = check_form_operands(p["form"], [x.shape for x in xs], [x.dtype for x in xs])
+    return [(shape, dt)]
+
+
+@rule(TOPK)
+def _topk(xs: Sequence[Var], p: Params) -> list[Aval]:
+    x, k = xs[0], p["k"]
+    if x.ndim < 1 or x.dtype is not F32:
+        raise ShapeError(f"TopK ranks an f32 array of rank >= 1, got {x.aval()}")
+    if not 1 <= k <= x.shape[-1]:
+        raise ShapeError(f"TopK k={k} is not in [1, {x.shape[-1]}] (the last axis)")
+    return [((*x.shape[:-1], k), I32)]
+
+
+@rule(BLOCK_TOPK)
+def _block_topk(xs: Sequence[Var], p: Params) -> list[Aval]:
+    scores, qpos = xs
+    if scores.dtype is not F32 or qpos.dtype is not I32:
+        raise ShapeError(f"BlockTopK takes f32 scores and i32 positions, got "
+                         f"{scores.dtype.value} and {qpos.dtype.value}")
+    return [(check_selection(scores.shape, qpos.shape, p["block_size"], p["top_k"]), I32)]
+
+
+@rule(SELECTED_ATTENTION)
+def _selected_attention(xs: Sequence[Var], p: Params) -> list[Aval]:
+    shape, dt = check_selected(p["form"], [x.shape for x in xs], [x.dtype for x in xs])
     return [(shape, dt)]
 
 

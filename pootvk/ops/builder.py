@@ -211,6 +211,11 @@ class Builder:
         outside [0, V) reads the nearest row (clamped, never out of bounds)."""
         return self.emit(P.GATHER, [table, indices])
 
+    def topk(self, x: Var, k: int) -> Var:
+        """The i32 indices [..., k] of the ``k`` largest entries of f32 ``x`` along its last
+        axis (NaN below every number, ties to the lower index), in ascending index order."""
+        return self.emit(P.TOPK, [x], k=int(k))
+
     def copy(self, x: Var) -> Var:
         return self.emit(P.COPY, [x])
 

@@ -11,12 +11,15 @@ from .fuse import fuse
 from .linear_fuse import linear_fuse
 from .matmul_fold import matmul_fold
 from .ranges import elide_proven_guards, gate_state_writes, value_ranges
+from .selection import selection
 from .simplify import cse, fold_constants
 
-# the matmul fold runs after the attention rewrite, which matches the traced q @ k^T; fuse
-# runs after them: it would hide an attention chain's elementwise steps from the rewrite; the
-# Linear fusion last, taking fuse's bodies whole into the Linear kernels
-PASSES = (canonicalize, cse, fold_constants, elide_proven_guards, attention_rewrite,
+# the selection pass runs first, on the chains as traced (it compares them with their
+# definition's own trace); the matmul fold runs after the attention rewrite, which matches
+# the traced q @ k^T; fuse runs after them: it would hide an attention chain's elementwise
+# steps from the rewrite; the Linear fusion last, taking fuse's bodies whole into the
+# Linear kernels
+PASSES = (selection, canonicalize, cse, fold_constants, elide_proven_guards, attention_rewrite,
           matmul_fold, canonicalize, gate_state_writes, fuse, linear_fuse)
 
 
@@ -41,6 +44,6 @@ def compile_graph(g: Graph, *, check: bool = True, linear_prologues: bool = True
 __all__ = [
     "attention_rewrite", "canonicalize", "compile_graph", "cse", "dead_code_elimination",
     "elide_proven_guards", "fold_constants", "fuse", "gate_state_writes", "linear_fuse",
-    "matmul_fold",
+    "matmul_fold", "selection",
     "value_ranges",
 ]

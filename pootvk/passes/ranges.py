@@ -79,6 +79,16 @@ def _iota(e: Eqn, r: Sequence[Range], declared: frozenset[Var]) -> list[Range]:
     return [(0, max(e.params["shape"][e.params["axis"]] - 1, 0))]
 
 
+@range_rules.register(P.TOPK)
+def _topk(e: Eqn, r: Sequence[Range], declared: frozenset[Var]) -> list[Range]:
+    return [(0, e.inputs[0].shape[-1] - 1)]
+
+
+@range_rules.register(P.BLOCK_TOPK)
+def _block_topk(e: Eqn, r: Sequence[Range], declared: frozenset[Var]) -> list[Range]:
+    return [(-1, e.inputs[0].shape[-1] - 1)]  # a block id, or -1: none
+
+
 @range_rules.register(P.INDEX_GUARD)
 def _guard(e: Eqn, r: Sequence[Range], declared: frozenset[Var]) -> list[Range]:
     lo, hi = e.params["lo"], e.params["hi"]
