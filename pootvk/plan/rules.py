@@ -45,11 +45,12 @@ from .requests import (
     fold_grid,
 )
 from .schedule import attention_schedule
+from .topk import TopKRequest
 
 KernelRequest = (
     AttentionRequest | PrimRequest | ReduceRequest | ScatterRequest | DecodeRequest
     | DecodeCombineRequest | MatMulRequest | MatMulCombineRequest | FusedRequest
-    | FusedReduceRequest | FusedUpdateRequest | GroupRequest
+    | FusedReduceRequest | FusedUpdateRequest | GroupRequest | TopKRequest
 )
 
 PRIM_WORKGROUP = 64

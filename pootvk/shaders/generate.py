@@ -20,6 +20,7 @@ from . import (  # noqa: F401  (generators register)
     prims,
     reduce,
     scatter,
+    topk,
 )
 from .compiler import compile_glsl
 from .table import generators
