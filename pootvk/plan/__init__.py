@@ -1,7 +1,7 @@
 """Planning for one device: rules, requests, schedules, buffer locations; no GLSL, no
 handles."""
 
-from . import fused  # noqa: F401  (registers the fused primitives' rules)
+from . import fused, topk_rules  # noqa: F401  (register the fused and TopK rules)
 from .bindings import Access, Binding, BufferRole, Scratch
 from .decode_schedule import DecodeCombineRequest, DecodeProblem, DecodeRequest
 from .matmul_schedule import (
@@ -27,6 +27,7 @@ from .requests import (
 )
 from .rules import KernelCall, KernelRequest, PlanContext, RuleResult, plan_rules
 from .schedule import ForcedSchedule, choose_lanes, current_forced, forced_schedule
+from .selected import selected_schedule  # noqa: F401  (registers the SelectedAttention rule)
 
 __all__ = [
     "DecodeCombineRequest", "DecodeProblem", "DecodeRequest", "ForcedSchedule",

@@ -16,6 +16,13 @@ A paged key (``pool_slots`` S > 0) changes only the K/V address: k and v are poo
 [S, Hkv, D] and key t of row b, KV head g is pool row ``read[b, t] * Hkv + g`` (an i32 map
 [B, Lk] bound after ``len``); the schedule is the one of the logical [B, Hkv, Lk, D] shapes.
 
+Selected keys (SelectedAttention, ``select_block`` = bs > 0) are a live-length attention over
+a logical key range: a row's valid selected blocks then its own block, read through a block
+table in workgroup memory (``DecodeRequest.select_block``). The split count and chunks are
+chosen for the logical length ``(K + 1) * bs`` (``keys``), not Lk; with Lq > 1 each
+workgroup serves one query row (its own table). No mask, live length, paged or split key,
+and never the matrix kernel.
+
 Nothing here knows GLSL or Vulkan: the chooser reads shapes and a ``DeviceProfile`` and
 returns a frozen, hashable request (the pipeline-cache key); ``pootvk.shaders.
 attention_decode`` turns a request into sources.
@@ -100,10 +107,23 @@ class _GroupShape:
     dv: int
     kv_dtype: str
     dk_shared: int
+    select_block: int
+    select_k: int
 
     @property
     def n_rep(self) -> int:
         return self.hq // self.hkv
+
+    @property
+    def selected(self) -> bool:
+        """SelectedAttention (``select_block`` > 0): the keys are a row's selected blocks."""
+        return self.select_block > 0
+
+    @property
+    def keys(self) -> int:
+        """Keys a row visits at most: Lk, or a selected row's ``(K + 1) * bs`` (its K
+        blocks and its own): the length the split count and chunks are chosen for."""
+        return (self.select_k + 1) * self.select_block if self.select_block else self.lk
 
     @property
     def key_widths(self) -> tuple[int, ...]:
@@ -121,7 +141,7 @@ class _GroupShape:
         """Bytes of K/V the kernel reads: k and v per KV head, a split key's shared part once
         per batch row (never broadcast over the heads)."""
         per_head = self.dk - self.dk_shared + self.dv
-        return (self.b * self.hkv * per_head + self.b * self.dk_shared) * self.lk * \
+        return (self.b * self.hkv * per_head + self.b * self.dk_shared) * self.keys * \
             kv_itemsize(self.kv_dtype)
 
 
@@ -147,6 +167,11 @@ class DecodeProblem(_GroupShape):
     #: paged key: k and v are pools of this many slots [S, Hkv, D] read through an i32
     #: read map [B, Lk] (key t of row b, KV head g: pool row read[b, t] * Hkv + g). 0: dense
     pool_slots: int = 0
+    #: SelectedAttention: the block size bs (0: off), the selected blocks per row K and the
+    #: selection's heads Hs (1 or Hkv); binds ids [B, Hs, Lq, K] and qpos [B, Lq] (i32)
+    select_block: int = 0
+    select_k: int = 0
+    select_heads: int = 0
 
     def __post_init__(self) -> None:
         if self.kv_dtype not in KV_DTYPES:
@@ -161,6 +186,8 @@ class DecodeProblem(_GroupShape):
             raise ShapeError(f"decode attention: every extent must be >= 1: {self}")
         if self.hq % self.hkv:
             raise ShapeError(f"decode attention: Hq={self.hq} not a multiple of Hkv={self.hkv}")
+        if self.select_block:
+            check_selected_mode(self, "decode attention")
         if self.mask is not None:
             mb, mh, mq = self.mask
             if mb not in (1, self.b) or mh not in (1, self.hq) or mq not in (1, self.lq):
@@ -231,6 +258,15 @@ class DecodeRequest(_GroupShape):
     #: matrix kernel: independent accumulators a subgroup's score products alternate
     #: between (summed before the scores are stored)
     score_accumulators: int = 1
+    #: SelectedAttention (``select_block`` = bs > 0; the scalar kernel, dense K/V, no mask):
+    #: a row's keys are the logical range [0, n * bs + p - own * bs + 1) of its n valid
+    #: selected blocks (ids [B, Hs, Lq, K] in [0, own)) then its own block own = p // bs
+    #: (p = qpos[b, l] clamped into [0, Lk - 1]); logical key i is physical key
+    #: blk[i / bs] * bs + i % bs through a block table the prologue builds in workgroup
+    #: memory. The split chunks are cut from that logical length.
+    select_block: int = 0
+    select_k: int = 0  # selected blocks per row K
+    select_heads: int = 0  # the selection's heads Hs: 1 (shared by all) or Hkv
 
     # --- derived ---------------------------------------------------------------------------
     @property
@@ -280,8 +316,9 @@ class DecodeRequest(_GroupShape):
 
     @property
     def chunk(self) -> int:
-        """Keys per split at the full length lk (a multiple of the tile)."""
-        return chunk_for(self.lk, self.splits, self.tile)
+        """Keys per split at the full length (``keys``: lk, or a selected row's (K + 1) *
+        bs) (a multiple of the tile)."""
+        return chunk_for(self.keys, self.splits, self.tile)
 
     @property
     def shared_bytes(self) -> int:
@@ -290,7 +327,8 @@ class DecodeRequest(_GroupShape):
             return staged_shared_bytes(self.local_size // 32, self.tile, self.dk, self.dv,
                                        self.rows_per_wg, fused)
         return decode_shared_bytes(self.local_size, self.lanes_per_key, self.keys_per_iter,
-                                   self.rows_per_wg, self.dv, self.subgroup, fused)
+                                   self.rows_per_wg, self.dv, self.subgroup, fused) + \
+            select_table_bytes(self.select_k if self.select_block else -1)
 
     @property
     def paged(self) -> bool:
@@ -310,6 +348,8 @@ class DecodeRequest(_GroupShape):
         if self.dk_shared:
             out.append(Binding("k_shared", r, kv))
         out.append(Binding("v", r, kv))
+        if self.select_block:
+            out += [Binding("ids", r, I32), Binding("qpos", r, I32)]
         if self.mask is not None:
             out.append(Binding("mask", r, F32))
         if self.live_len:
@@ -340,7 +380,8 @@ class DecodeRequest(_GroupShape):
         return (
             f"attention_decode B={self.b} Hq={self.hq} Hkv={self.hkv} Lq={self.lq} "
             f"Lk={self.lk}{' (live)' if self.live_len else ''}"
-            f"{f' paged[S={self.pool_slots}]' if self.paged else ''} Dk={self.dk}"
+            f"{f' paged[S={self.pool_slots}]' if self.paged else ''}"
+            f"{select_tag(self)} Dk={self.dk}"
             f"{f' (shared {self.dk_shared})' if self.dk_shared else ''} Dv={self.dv} "
             f"kv={self.kv_dtype} scale={self.scale:.6g}{cap} mask={m} splits={self.splits} "
             f"rows/wg={self.rows_per_wg} "
@@ -386,6 +427,35 @@ class DecodeCombineRequest:
         p = self.partial
         return (f"attention_combine rows={p.out_rows} Dv={p.dv} splits={p.splits} "
                 f"grid={self.grid[0]}x{self.grid[1]}")
+
+
+def check_selected_mode(x: DecodeProblem | DecodeRequest, who: str) -> None:
+    """A selected (SelectedAttention) problem or request: dense K/V (no paged or split
+    key) of a length that is whole blocks, no mask and no live length (the selected blocks
+    and the query positions take their place), K >= 1 and Hs in {1, Hkv}."""
+    if x.select_block < 1 or x.select_k < 1 or x.select_heads not in (1, x.hkv):
+        raise ShapeError(f"{who}: selected block size {x.select_block}, K={x.select_k}, "
+                         f"Hs={x.select_heads} (need bs >= 1, K >= 1, Hs in {{1, {x.hkv}}})")
+    if x.lk % x.select_block:
+        raise ShapeError(f"{who}: key length {x.lk} is not a multiple of the block size "
+                         f"{x.select_block}")
+    if x.mask is not None or x.live_len or x.pool_slots or x.dk_shared:
+        raise ShapeError(f"{who}: selected keys take no mask, live length, paged or split "
+                         "key")
+
+
+def select_table_bytes(select_k: int) -> int:
+    """Workgroup memory of a selected row's block table: K + 2 block ids (the valid ones,
+    then the own block repeated, so a clamped logical index one block past the end still
+    names a block of the row) and the logical length; 0 for ``select_k`` < 0 (off)."""
+    return 0 if select_k < 0 else 4 * (select_k + 3)
+
+
+def select_tag(r: DecodeProblem | DecodeRequest) -> str:
+    """`` selected[bs=.., K=.., Hs=..]`` for a selected request, else nothing."""
+    if not r.select_block:
+        return ""
+    return f" selected[bs={r.select_block},K={r.select_k},Hs={r.select_heads}]"
 
 
 def chunk_for(lk: int, splits: int, tile: int) -> int:
@@ -480,13 +550,13 @@ def default_splits(p: DecodeProblem, profile: DeviceProfile, blocks: int, tile: 
     splits = min(max_splits, -(-target // base))
     # chunks of at least MIN_CHUNK keys, rounded to the tile
     min_chunk = -(-MIN_CHUNK // tile) * tile
-    most = max(1, min(max_splits, p.lk // min_chunk))
+    most = max(1, min(max_splits, p.keys // min_chunk))
     splits = min(splits, most)
     if splits > 1 and p.kv_bytes // (p.b * p.hkv * splits) >= WAVE_FILL_BYTES:
         splits = _fill_waves(base, splits, cu, most)
     if splits <= 1:
         return 1
-    return -(-p.lk // chunk_for(p.lk, splits, tile))  # no split left empty at full length
+    return -(-p.keys // chunk_for(p.keys, splits, tile))  # no split left empty at full length
 
 
 def _fill_waves(base: int, splits: int, cu: int, most: int) -> int:
@@ -615,9 +685,11 @@ def choose_decode_schedule(
     # 8.7 and 13.7 for 3 rows (the 4 MiB (1,32,8,4096) F32 above keeps its rows): 3 MiB.
     if (p.lq == 1 and profile.compute_units and profile.device_type != "cpu"
             and p.b * p.hkv < profile.compute_units
-            and p.lk * (p.dk + p.dv) * bytes_ <= SHORT_CACHE_BYTES
+            and p.keys * (p.dk + p.dv) * bytes_ <= SHORT_CACHE_BYTES
             and "max_rows" not in ov_keys):
         rows = 1
+    if p.select_block and p.lq > 1:
+        rows = 1  # each query row has its own block table: a workgroup serves one row
     rows = int(ov.pop("rows_per_wg", rows))
     subgroup = bool(ov.pop("subgroup", has_subgroup_shuffle)) and has_subgroup_shuffle
     sub = max(1, profile.subgroup_size)
@@ -644,7 +716,7 @@ def choose_decode_schedule(
     # Measured on their own (8 lanes) the scatter reduction was neutral (+0.2..+2%) and the
     # lazy rescale slower (+5..+16%, a divergent branch), so both stay off elsewhere;
     # 16 lanes without them is not measured yet.
-    short16 = (bytes_ == 2 and rows > 1 and p.lq == 1 and p.lk <= SHORT_16BIT_LK
+    short16 = (bytes_ == 2 and rows > 1 and p.lq == 1 and p.keys <= SHORT_16BIT_LK
                and bool(profile.compute_units) and profile.device_type != "cpu"
                and p.b * p.hkv * (p.group_rows // rows) < profile.compute_units)
     if bytes_ == 2 and rows > 1 and rows * (p.dk + p.dv) <= REG_FLOATS * (lanes // 2) and \
@@ -689,14 +761,15 @@ def choose_decode_schedule(
     if ov:
         raise TypeError(f"unknown schedule overrides: {sorted(ov)}")
     # Fit the workgroup memory: halve the workgroup, then the keys per step.
-    while decode_shared_bytes(local, lanes, kpi, rows, p.dv, subgroup) > \
+    table = select_table_bytes(p.select_k if p.select_block else -1)
+    while decode_shared_bytes(local, lanes, kpi, rows, p.dv, subgroup) + table > \
             profile.max_workgroup_memory:
         if local > max(lanes, sub if subgroup else 1):
             local //= 2
         elif kpi > 1:
             kpi //= 2
         else:
-            need = decode_shared_bytes(local, lanes, kpi, rows, p.dv, subgroup)
+            need = decode_shared_bytes(local, lanes, kpi, rows, p.dv, subgroup) + table
             raise AttentionLds(p.dv, need, profile.max_workgroup_memory)
 
     blocks = p.group_rows // rows
@@ -731,7 +804,8 @@ def choose_decode_schedule(
         combine_grid=fold_grid(combine_groups, profile.max_grid), prefetch=prefetch,
         fused_combine=fused, f16_convert=f16_convert, dot_reduce=dot_reduce,
         lazy_rescale=lazy_rescale, dk_shared=p.dk_shared, min_chunk=min_chunk,
-        pool_slots=p.pool_slots,
+        pool_slots=p.pool_slots, select_block=p.select_block, select_k=p.select_k,
+        select_heads=p.select_heads,
     )
     if r.fused_combine and r.splits > 1 and r.shared_bytes > profile.max_workgroup_memory:
         # the fused combine's per-split weights do not fit: a second launch combines
@@ -757,6 +831,13 @@ def check_request(r: DecodeRequest) -> None:
     def bad(why: str) -> ShapeError:
         return ShapeError(f"decode schedule: {why}: {r.describe()}")
 
+    if r.select_block:
+        if r.matrix:
+            raise bad("the matrix kernel does not serve selected keys")
+        check_selected_mode(r, "decode schedule")
+        if r.lq > 1 and r.rows_per_wg != 1:
+            raise bad("selected keys with Lq > 1 take one query row a workgroup (each row "
+                      "has its own block table)")
     if r.matrix:
         _check_matrix(r, bad)
         return
@@ -856,7 +937,8 @@ def matrix_supported(p: DecodeProblem, profile: DeviceProfile, has_subgroup_shuf
     return (lists_coopmat(profile) and profile.subgroup_size == 32
             and has_subgroup_shuffle and bool(ex.get("shader_float16"))
             and bool(ex.get("storage_buffer_16bit")) and p.kv_dtype == "f16"
-            and not p.pool_slots and all(w % 16 == 0 for w in (*p.key_widths, p.dv)))
+            and not p.pool_slots and not p.select_block
+            and all(w % 16 == 0 for w in (*p.key_widths, p.dv)))
 
 
 def _one_wave_splits(p: DecodeProblem, profile: DeviceProfile, blocks: int,

@@ -33,7 +33,14 @@ class AttentionRequest:
     [S, Hkv, Dk] / [S, Hkv, Dv] and ``read`` (i32 [B, Lk]) names each key's slot, so key t
     of row b and KV head g is pool row ``clamp(read[b, t], 0, S - 1) * Hkv + g``. Only
     that address differs from the dense kernel; S is a push constant (one kernel serves
-    every pool size)."""
+    every pool size).
+
+    ``select_block`` bs > 0: SelectedAttention (dense F32 K/V, no mask, no live length):
+    ``ids`` [B, Hs, Lq, K] and ``qpos`` [B, Lq] (i32) are bound after v; the workgroup's row
+    visits the logical keys [0, n * bs + p - own * bs + 1) of its n valid selected blocks
+    then its own block (own = p // bs, p = qpos clamped into [0, Lk - 1]), logical key i
+    being physical key blk[i / bs] * bs + i % bs through a block table in workgroup memory
+    (``shaders.attention_decode.select_table``)."""
 
     b: int
     hq: int
@@ -52,11 +59,22 @@ class AttentionRequest:
     live: bool = False  # read len[b] (i32 [B]): the loop visits keys t < clamp(len[b], 0, Lk)
     dk_shared: int = 0  # split key: width s of k_shared [B, 1, Lk, s] (0: dense key)
     pool_slots: int = 0  # paged key: the pools' slot count S (0: dense key)
+    select_block: int = 0  # selected keys: the block size bs (0: off)
+    select_k: int = 0  # selected blocks per row K
+    select_heads: int = 0  # the selection's heads Hs: 1 (shared by all) or Hkv
 
     def __post_init__(self) -> None:
         if self.pool_slots < 0 or (self.pool_slots and self.dk_shared):
             raise ShapeError(f"attention: pool_slots={self.pool_slots} with "
                              f"dk_shared={self.dk_shared} (a key is dense, split or paged)")
+        if self.select_block and (
+                self.select_k < 1 or self.select_heads not in (1, self.hkv)
+                or self.lk % self.select_block or self.mask is not None or self.live
+                or self.pool_slots or self.dk_shared):
+            raise ShapeError(f"attention: selected keys (bs={self.select_block}, "
+                             f"K={self.select_k}, Hs={self.select_heads}) need K >= 1, Hs in "
+                             f"{{1, {self.hkv}}}, Lk={self.lk} whole blocks, and no mask, "
+                             "live length, paged or split key")
 
     @property
     def paged(self) -> bool:
@@ -74,7 +92,8 @@ class AttentionRequest:
                  *(("mask",) if self.mask is not None else ()))
         live = (Binding("len", r, I32),) if self.live else ()
         read = (Binding("read", r, I32),) if self.paged else ()
-        return (*(Binding(n, r, F32) for n in names), *live, *read,
+        sel = (Binding("ids", r, I32), Binding("qpos", r, I32)) if self.select_block else ()
+        return (*(Binding(n, r, F32) for n in names), *sel, *live, *read,
                 Binding("o", Access.WRITE, F32))
 
     @property
@@ -85,14 +104,21 @@ class AttentionRequest:
     def workgroups(self) -> int:
         return self.b * self.hq * self.lq
 
+    def _select_tag(self) -> str:
+        if not self.select_block:
+            return ""
+        return f"selected[bs={self.select_block},K={self.select_k},Hs={self.select_heads}] "
+
     @property
     def local_size(self) -> int:
         return self.lanes
 
     @property
     def shared_bytes(self) -> int:
-        """Workgroup memory: the lanes' running state, lanes * (dv + 2) floats."""
-        return self.lanes * (self.dv + 2) * 4
+        """Workgroup memory: the lanes' running state, lanes * (dv + 2) floats (and a
+        selected row's block table: K + 2 ids and its length)."""
+        table = 4 * (self.select_k + 3) if self.select_block else 0
+        return self.lanes * (self.dv + 2) * 4 + table
 
     def describe(self) -> str:
         m = "none" if self.mask is None else (
@@ -105,6 +131,7 @@ class AttentionRequest:
             f"Dv={self.dv} scale={self.scale:.6g}{cap} mask={m} "
             f"{'live ' if self.live else ''}"
             f"{f'paged[S={self.pool_slots}] ' if self.paged else ''}"
+            f"{self._select_tag()}"
             f"lanes={self.lanes} vec={self.vec} keys/step={self.keys_per_step} "
             f"grid={self.grid[0]}x{self.grid[1]}"
         )

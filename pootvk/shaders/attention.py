@@ -29,7 +29,14 @@ slot from ``read`` (i32 [B, Lk]) once per key, clamped into [0, S): its K/V rows
 ``read[b, t] * Hkv + g``. Nothing else changes (the mask and the live length index the
 logical t); S is a second push constant.
 
-Bindings: the request's ``bindings()`` (q, k, [k_shared], v, [mask], [len], [read], o); with
+Selected keys (``select_block`` = bs > 0, SelectedAttention): the workgroup first builds its
+row's block table in workgroup memory (``attention_decode.select_table``: one lane, a
+barrier), then runs the live-length loop over the row's logical keys, logical key t read at
+physical key ``sel_row(t)`` (``s_blk[t / bs] * bs + t % bs``) of its KV head: no key the row
+does not see is ever read. ``ids`` and ``qpos`` are bound after v.
+
+Bindings: the request's ``bindings()`` (q, k, [k_shared], v, [ids, qpos], [mask], [len],
+[read], o); with
 ``vec == 4`` q/k/v/o are read as vec4. A split key (``dk_shared = s``) scores each key
 against k's own ``Dk - s`` channels and then the batch row's k_shared row (one for every
 head): the broadcast key is never built. The kernel is composed of named parts that later
@@ -41,6 +48,7 @@ across lanes, and the epilogue (normalise and store).
 from __future__ import annotations
 
 from ..plan.requests import AttentionRequest
+from .attention_decode import select_shared, select_table
 from .common import declare_bindings, float_lit, group_id, header
 from .table import generators
 
@@ -95,7 +103,13 @@ def score_transform(r: AttentionRequest, s: str, t: str, indent: str = "        
 
 def live_bound(r: AttentionRequest) -> str:
     """``LK``, the keys this row visits: all of them, or with a live length ``len[b]``
-    clamped into 0..=Lk (no length reads outside the buffers; the grid never changes)."""
+    clamped into 0..=Lk (no length reads outside the buffers; the grid never changes); a
+    selected row's logical key count, from the block table built here."""
+    if r.select_block:
+        hs = "g" if r.select_heads > 1 else "0u"
+        lines = ["uint srow = row;",
+                 *select_table(r.select_block, r.select_k, r.select_heads, r.lq, hs)]
+        return "".join(f"    {x}\n" for x in lines)
     if r.live:
         return "    uint LK = uint(clamp(len[b], 0, int(LK_CAP)));\n"
     return "    uint LK = LK_CAP;\n"
@@ -120,6 +134,9 @@ def online_update(r: AttentionRequest) -> str:
         if r.paged:  # the key's pool row: its slot (clamped into the pool) * Hkv + g
             body.append(f"        uint kr{j} = uint(clamp(read[rbase + t{j}], 0, SLOT_MAX))"
                         f" * {r.hkv}u + g;")
+            body.append(f"        uint kb{j} = kr{j} * DKN;")
+        elif r.select_block:  # a selected key: its physical row through the block table
+            body.append(f"        uint kr{j} = kbase + sel_row(t{j});")
             body.append(f"        uint kb{j} = kr{j} * DKN;")
         else:
             body.append(f"        uint kb{j} = (kbase + t{j}) * DKN;")
@@ -154,7 +171,7 @@ def online_update(r: AttentionRequest) -> str:
     body.append("        float rescale = (m == NEG_INF) ? 0.0 : exp(m - m_new);")
     for j in keys:
         body.append(f"        float p{j} = (s{j} == NEG_INF) ? 0.0 : exp(s{j} - m_new);")
-        body.append(f"        uint vb{j} = kr{j} * DV;" if r.paged
+        body.append(f"        uint vb{j} = kr{j} * DV;" if r.paged or r.select_block
                     else f"        uint vb{j} = (kbase + t{j}) * DV;")
     body.append("        l = l * rescale" + "".join(f" + p{j}" for j in keys) + ";")
     # a key past the end read a clamped row: it adds nothing, even if that row holds inf
@@ -219,6 +236,8 @@ def push_part(r: AttentionRequest) -> str:
 @generators.register(AttentionRequest)
 def generate_attention(r: AttentionRequest) -> str:
     t = _vec(r)
+    sel = "".join(x + "\n" for x in select_shared(r.select_block, r.select_k)) \
+        if r.select_block else ""
     return (
         header(r.lanes)
         + "#extension GL_EXT_control_flow_attributes : require\n"
@@ -235,7 +254,7 @@ const uint DKN = {(r.dk - r.dk_shared) // r.vec}u;  // k's own row width
 shared {t} s_acc[DV * LANES];  // [channel][lane]
 shared float s_m[LANES];
 shared float s_l[LANES];
-
+{sel}
 void main() {{
     const float NEG_INF = {NEG_INF};  // a bit pattern: not a constant expression globally
     uint LK_CAP = pc.lk;  // the K/V row stride

@@ -44,6 +44,14 @@ group load the same word. With the prefetch the pool rows are looked up one step
 the K/V loads that use them, so a step's loads never wait on a map read. Mask, live length
 and chunks index the logical t as before.
 
+Selected keys (``select_block`` = bs > 0, SelectedAttention): the prologue builds the row's
+block table in workgroup memory (``select_table``: one lane compacts the row's ids that lie in
+[0, own) into ``s_blk``, then the own block ``own = p / bs`` with p = qpos[b, l] clamped into
+[0, Lk), and the logical length ``s_len = n * bs + p - own * bs + 1``), a barrier, and the
+kernel is the live-length kernel over that logical range: logical key i reads physical key
+``s_blk[i / bs] * bs + i % bs`` (``sel_row``) of its KV head, and the split chunks are cut
+from the logical length. No key outside the row's visible set is ever addressed.
+
 16-bit K/V are read as packed words (``uvec4`` = 8 halves = 16 bytes, or ``uvec2``):
 ``unpackHalf2x16`` for F16, a 16-bit shift into a float's top bits for BF16; all math is F32.
 """
@@ -175,6 +183,8 @@ def generate_decode_partial(r: DecodeRequest) -> str:
               f"shared {vt} s_o[{NG * DVW}];"]
     if not r.subgroup:
         shared.append(f"shared float s_red[{red_rows * KPI * WG}];")
+    if r.select_block:
+        shared += select_shared(r.select_block, r.select_k)
     if fused:
         shared.append("shared uint s_last;")
         shared += [f"shared float s_cw[{R * r.splits}];", f"shared float s_cl[{R * r.splits}];",
@@ -247,6 +257,11 @@ def generate_decode_partial(r: DecodeRequest) -> str:
                 row = f"{rows or 'kr'}{j}"
                 emit(f"uint kb{j} = {row} * {r.dk // E}u + li;", ind)
                 emit(f"uint vb{j} = {row} * {r.dv // E}u + li;", ind)
+                continue
+            if r.select_block:  # a selected key: its physical row through the block table
+                emit(f"uint kr{j} = kvrow + sel_row({src}{j});", ind)
+                emit(f"uint kb{j} = kr{j} * {r.dk // E}u + li;", ind)
+                emit(f"uint vb{j} = kr{j} * {r.dv // E}u + li;", ind)
                 continue
             emit(f"uint kb{j} = (kvrow + {src}{j}) * {(r.dk - r.dk_shared) // E}u + li;", ind)
             if UKS:
@@ -539,6 +554,8 @@ def decode_bindings(r: DecodeRequest, q: str, kv: str, dst: str) -> list[str]:
     decls.append(("v", kv, "readonly "))
     if r.mask is not None:
         decls.append(("mask", "float", "readonly "))
+    if r.select_block:
+        decls += [("ids", "int", "readonly "), ("qpos", "int", "readonly ")]
     if r.live_len:
         decls.append(("lens", "int", "readonly "))
     if r.paged:
@@ -563,7 +580,8 @@ def mask_row(r: DecodeRequest, name: str, row: str) -> str:
 
 def emit_chunk_prologue(r: DecodeRequest, emit) -> None:
     """This workgroup's place (split, row block, batch row b, KV head g) and its keys: the
-    live length LK (row b's ``len`` clamped into [0, Lk] when live), the split's chunk
+    live length LK (row b's ``len`` clamped into [0, Lk] when live; a selected row's
+    logical length from its block table, ``select_table``), the split's chunk
     [k0, k1) in whole tiles and its step count ``nit``; with the fused combine ``nact``
     (splits holding a key) and the early exit of the splits past it. Shared by the scalar
     and the matrix kernels."""
@@ -577,7 +595,13 @@ def emit_chunk_prologue(r: DecodeRequest, emit) -> None:
     emit(f"uint bg = rest / {r.row_blocks}u;  // b * HKV + g")
     emit(f"uint g = bg % {r.hkv}u;")
     emit(f"uint b = bg / {r.hkv}u;")
-    if r.live_len:
+    if r.select_block:
+        # the query row: one per workgroup when Lq > 1 (rows_per_wg = 1), else row 0
+        emit(f"uint srow = rbase % {r.lq}u;" if r.lq > 1 else "uint srow = 0u;")
+        for line in select_table(r.select_block, r.select_k, r.select_heads, r.lq,
+                                 "g" if r.select_heads > 1 else "0u"):
+            emit(line)
+    elif r.live_len:
         # row b's live length, clamped so no length reads outside the buffers; the grid
         # does not depend on it: a split past it gets an empty chunk (the neutral partial)
         emit("uint LK = uint(clamp(lens[b], 0, int(LK_CAP)));")
@@ -601,6 +625,48 @@ def emit_chunk_prologue(r: DecodeRequest, emit) -> None:
         emit("uint k0 = 0u;")
         emit("uint k1 = LK;")
     emit(f"uint nit = (k1 - k0 + {r.tile - 1}u) / {r.tile}u;")
+
+
+def select_shared(bs: int, k: int) -> list[str]:
+    """A selected kernel's block table (K + 2 block ids, see ``select_table``), its logical
+    length, and ``sel_row``: the physical key of logical key ``i`` (bs a constant, so a
+    power of two is a shift and a mask)."""
+    return [f"shared uint s_blk[{k + 2}];  // the row's valid selected blocks, then its own",
+            "shared uint s_len;  // the row's logical key count",
+            f"uint sel_row(uint i) {{ return s_blk[i / {bs}u] * {bs}u + i % {bs}u; }}"]
+
+
+def select_table(bs: int, k: int, heads: int, lq: int, hs: str) -> list[str]:
+    """Lines (unindented) that build a selected row's block table and set ``uint LK``, its
+    logical length. Expects ``b``, ``srow`` (the query row), ``LK_CAP`` (Lk) and the bound
+    ``ids`` [B, Hs, Lq, K] and ``qpos`` [B, Lq]; ``hs`` is the selection head.
+
+    One lane reads the row's position p (clamped into [0, Lk - 1]: no read outside K/V for
+    any input) and its K ids, keeps those in [0, own) with own = p / bs (the contract: the
+    valid ids, ascending, then -1s; any other id is ignored), then fills the rest of the
+    table with own: the K + 1 slots plus one more, so a logical index up to the length
+    itself (a clamped read just past a chunk) still names one of the row's blocks. Then a
+    barrier; every lane reads the length. Must run before any return that is not uniform
+    over the workgroup."""
+    return [
+        "if (gl_LocalInvocationIndex == 0u) {  // the row's block table",
+        f"    uint p = uint(clamp(qpos[b * {lq}u + srow], 0, int(LK_CAP) - 1));",
+        f"    uint own = p / {bs}u;  // the row's unfinished block",
+        f"    uint ib = ((b * {heads}u + {hs}) * {lq}u + srow) * {k}u;",
+        "    uint n = 0u;",
+        f"    for (uint c = 0u; c < {k}u; ++c) {{",
+        "        int id = ids[ib + c];",
+        "        if (id >= 0 && uint(id) < own) {  // a complete block before the row's own",
+        "            s_blk[n] = uint(id);",
+        "            n += 1u;",
+        "        }",
+        "    }",
+        f"    for (uint c = n; c < {k + 2}u; ++c) s_blk[c] = own;",
+        f"    s_len = n * {bs}u + (p - own * {bs}u) + 1u;  // its keys up to p",
+        "}",
+        "barrier();",
+        "uint LK = s_len;  // the row's logical keys: the chunks are cut from these",
+    ]
 
 
 def emit_fused_combine(r: DecodeRequest, emit, lane: str) -> None:
