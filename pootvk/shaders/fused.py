@@ -110,6 +110,8 @@ def _node_expr(n: Node, a: list[str], dts: list[DType]) -> str:
         fn = MINMAX[op]  # type: ignore[index]
         if n.dtype.is_float:
             return f"((isnan({a[0]}) || isnan({a[1]})) ? {a[0]} + {a[1]} : {fn}({a[0]}, {a[1]}))"
+        if n.dtype is BOOL:  # Bool's Max is Or, its Min And (GLSL has no bool max/min)
+            return f"({a[0]} {'||' if op is P.MAX else '&&'} {a[1]})"
         return f"{fn}({a[0]}, {a[1]})"
     if op is P.UNARY:
         return "(" + _subst(UNARY_EXPR[n.params["op"]], x=a[0]) + ")"
