@@ -10,7 +10,7 @@ import numpy as np
 from .errors import BindError, InvalidArgument
 from .ir import BF16, F16, F32, DType, check_attention
 from .ir.dtypes import is_float_array, storage_values
-from .ops import trace_attention
+from .ops import trace_attention, trace_block_sparse
 from .plan import current_forced
 from .runtime import held_replay, resolve_device
 from .vk import Device, PhysicalDeviceInfo, physical_devices
@@ -78,6 +78,11 @@ def attention(
     device: Device | int | str | None = None,
     lengths: np.ndarray | None = None,
     k_shared: np.ndarray | None = None,
+    *,
+    block_size: int | None = None,
+    top_k: int | None = None,
+    block_scores: np.ndarray | None = None,
+    positions: np.ndarray | None = None,
 ) -> np.ndarray:
     """softmax(softcap(q k^T * scale) + mask) v on a Vulkan device, through the whole pipeline.
 
@@ -93,9 +98,24 @@ def attention(
     concat(k[:, g], k_shared[:, 0]) on the last axis, so q has width Dk, k width Dk - s, and
     the kernel reads k_shared once per key for every head (the broadcast key is never
     built). It is stored like k (same dtype); scale defaults to 1/sqrt(Dk).
+
+    ``block_size`` and ``top_k`` make it block-sparse (``ir.sparse_form``): the Lk keys are
+    blocks of ``block_size`` (Lk a multiple of it); query row (b, l) at position
+    ``positions[b, l]`` (ints [B, Lq] in [0, Lk - 1], else SlotRangeError; by default the last Lq positions of
+    ``lengths[b]`` or of Lk: ``len - Lq + l``) attends to the ``top_k`` complete blocks of
+    highest score and its own block up to its position, ``(top_k + 1) * block_size`` keys
+    instead of Lk. ``block_scores`` [B, 1|Hkv, Lq, Lk / block_size] are the caller's (one
+    selection per batch row, or per KV group); without them each block is scored by its
+    mean key against the sum of its group's queries. No mask or k_shared with it.
     """
     scale, softcap = _real("scale", scale), _real("softcap", softcap)
     dev = resolve_device(device)  # a bad device= is refused before any work
+    if block_size is not None or top_k is not None:
+        return _block_sparse(q, k, v, mask, scale, softcap, dev, lengths, k_shared,
+                             block_size, top_k, block_scores, positions)
+    for name, x in (("block_scores", block_scores), ("positions", positions)):
+        if x is not None:
+            raise InvalidArgument(name, "None unless block_size and top_k are given", "an array")
     q, k, v = _as_f32("q", q), _as_float("k", k), _as_float("v", v)
     ks = None if k_shared is None else _as_float("k_shared", k_shared)
     kv = _kv_dtype(k, v, ks)
@@ -120,6 +140,60 @@ def attention(
         ("attention", *shapes, ks_shape, scale, softcap, kv, live, current_forced()),
         lambda: trace_attention(*shapes, scale=scale, softcap=softcap, kv_dtype=kv,
                                 lengths=live, k_shared_shape=ks_shape),
+        dev,
+    ) as rp:
+        return rp.step(values)["out"]
+
+
+def _count(name: str, x: object) -> int:
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral) or x < 1:
+        raise InvalidArgument(name, "an int >= 1", x)
+    return int(x)
+
+
+def _block_sparse(q: object, k: object, v: object, mask: object, scale: float | None,
+                  softcap: float | None, dev: Device, lengths: object, k_shared: object,
+                  block_size: object, top_k: object, block_scores: object,
+                  positions: object) -> np.ndarray:
+    """``attention``'s block-sparse form (its docstring); the positions are checked at bind
+    against their declared range (``SlotRangeError`` naming ``positions``)."""
+    if mask is not None or k_shared is not None:
+        raise InvalidArgument("mask" if mask is not None else "k_shared",
+                              "None with block_size/top_k (block-sparse takes no mask "
+                              "and no split key)", "an array")
+    bs, top = _count("block_size", block_size), _count("top_k", top_k)
+    q, k, v = _as_f32("q", q), _as_float("k", k), _as_float("v", v)
+    kv = _kv_dtype(k, v)
+    if kv is F32:
+        k, v = storage_values(k, F32), storage_values(v, F32)
+    check_attention(q.shape, k.shape, v.shape, softcap=softcap)
+    b, lq, lk = q.shape[0], q.shape[2], k.shape[2]
+    if lk % bs:
+        raise InvalidArgument("block_size", f"a divisor of the key length Lk={lk}", bs)
+    values = {"q": q, "k": k, "v": v}
+    if positions is None:
+        ends = np.full(b, lk, np.int64) if lengths is None else _lengths(lengths, b)
+        positions = ends[:, None] - lq + np.arange(lq)[None, :]
+    pos = np.asarray(positions)
+    if pos.dtype.kind not in "iu" or pos.shape != (b, lq):
+        raise BindError("positions", f"an integer array of shape {(b, lq)}",
+                        f"{pos.dtype.name}{list(pos.shape)}", "shape")
+    values["positions"] = np.clip(pos, -(2**31), 2**31 - 1).astype(np.int32)
+    sshape = None
+    if block_scores is not None:
+        sc = np.ascontiguousarray(np.asarray(block_scores, np.float32))
+        want = (b, "1|" + str(k.shape[1]), lq, lk // bs)
+        if sc.ndim != 4 or sc.shape[0] != b or sc.shape[1] not in (1, k.shape[1]) or \
+                sc.shape[2:] != (lq, lk // bs):
+            raise BindError("block_scores", f"shape {want}", sc.shape, "shape")
+        values["block_scores"] = sc
+        sshape = sc.shape
+    shapes = (q.shape, k.shape, v.shape)
+    with held_replay(
+        ("attention_block_sparse", *shapes, sshape, bs, top, scale, softcap, kv,
+         current_forced()),
+        lambda: trace_block_sparse(*shapes, block_size=bs, top_k=top, scores_shape=sshape,
+                                   scale=scale, softcap=softcap, kv_dtype=kv),
         dev,
     ) as rp:
         return rp.step(values)["out"]

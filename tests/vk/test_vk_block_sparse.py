@@ -1,0 +1,148 @@
+"""Block-sparse attention on the device, end to end: the fused form (BlockTopK +
+SelectedAttention) and the primitive form (the traced chains, compiled without the selection
+pass) against the oracle and an independent float64 reference, over block sizes {16, 64},
+K in {1, 4, 16} and Lk up to 32k, with tied block scores and rows whose own block is the only
+one; and ``pootvk.attention``'s block-sparse arguments, their refusals and the device guard
+on the positions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pootvk
+from pootvk.errors import BindError, GuardFailed, InvalidArgument, SlotRangeError
+from pootvk.ir import F16, F32, I32, check_graph
+from pootvk.ir import prims as P
+from pootvk.ops import Builder, attention_block_sparse
+from pootvk.oracle import evaluate
+from pootvk.passes import PASSES, compile_graph, selection
+from pootvk.plan import plan_graph
+from pootvk.runtime.replay import Replay
+from pootvk.shaders.generate import compile_plan
+from tests.helpers import assert_close
+from tests.sparse_ref import ref_attend, ref_select
+
+
+def _graph(b, hq, hkv, lq, d, lk, bs, k, kv=F32, scores=True):
+    bb = Builder()
+    q = bb.input("q", (b, hq, lq, d))
+    kk = bb.input("k", (b, hkv, lk, d), kv)
+    vv = bb.input("v", (b, hkv, lk, d), kv)
+    qp = bb.input("qpos", (b, lq), I32)
+    sc = bb.input("scores", (b, hkv, lq, lk // bs)) if scores else None
+    bb.export("out", attention_block_sparse(bb, q, kk, vv, qp, block_size=bs, top_k=k,
+                                            block_scores=sc))
+    return bb.build()
+
+
+def _run(device, g, values, fused: bool):
+    """The graph on the device: compiled as usual, or with every pass but the selection
+    (the block-sparse chains stay primitive)."""
+    if fused:
+        c = compile_graph(g)
+    else:
+        c = g
+        for p in PASSES:
+            if p is not selection:
+                c = p(c)
+                check_graph(c)
+    plan = plan_graph(c, device.profile)
+    rp = Replay(device, plan, compile_plan(plan))
+    try:
+        return c, rp.step(values)["out"]
+    finally:
+        rp.close()
+
+
+@pytest.mark.parametrize("lk", [512, 32768])
+@pytest.mark.parametrize("bs", [16, 64])
+@pytest.mark.parametrize("k", [1, 4, 16])
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "primitive"])
+def test_fused_and_primitive_match_the_oracle(device, lk, bs, k, fused):
+    rng = np.random.default_rng(lk + 7 * bs + k)
+    b, hq, hkv, d = 2, 4, 2, 32
+    g = _graph(b, hq, hkv, 1, d, lk, bs, k)
+    qpos = np.array([[bs // 2], [lk - 1 - int(rng.integers(0, bs))]], np.int32)  # row 0: own only
+    x = {"q": rng.standard_normal((b, hq, 1, d), np.float32),
+         "k": rng.standard_normal((b, hkv, lk, d), np.float32),
+         "v": rng.standard_normal((b, hkv, lk, d), np.float32),
+         "qpos": qpos,
+         "scores": rng.integers(0, 3, (b, hkv, 1, lk // bs)).astype(np.float32)}  # ties
+    c, got = _run(device, g, x, fused)
+    assert (c.count(P.SELECTED_ATTENTION) == 1) == fused
+    assert c.count(P.BLOCK_TOPK) == int(fused) and c.count(P.TOPK) == int(not fused)
+    assert_close(got, evaluate(g, x)["out"])
+    ids = ref_select(x["scores"], qpos, bs, min(k, lk // bs))
+    assert_close(got, ref_attend(x["q"], x["k"], x["v"], ids, qpos, bs, d ** -0.5))
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "primitive"])
+def test_prefill_rows_indexer_and_f16(device, fused):
+    """Lq = 3 rows at their own positions, blocks scored by the in-graph indexer, F16 K/V."""
+    rng = np.random.default_rng(11)
+    b, hq, hkv, lq, d, lk, bs, k = 1, 4, 2, 3, 16, 256, 16, 4
+    g = _graph(b, hq, hkv, lq, d, lk, bs, k, kv=F16, scores=False)
+    x = {"q": rng.standard_normal((b, hq, lq, d), np.float32),
+         "k": rng.standard_normal((b, hkv, lk, d)).astype(np.float16),
+         "v": rng.standard_normal((b, hkv, lk, d)).astype(np.float16),
+         "qpos": np.array([[9, 130, 255]], np.int32)}
+    c, got = _run(device, g, x, fused)
+    assert c.count(P.SELECTED_ATTENTION) == int(fused)
+    assert_close(got, evaluate(g, x)["out"])
+
+
+def test_public_api_block_sparse(device):
+    rng = np.random.default_rng(12)
+    b, hq, hkv, lk, d, bs = 2, 8, 2, 1024, 32, 64
+    q = rng.standard_normal((b, hq, 1, d), np.float32)
+    k = rng.standard_normal((b, hkv, lk, d), np.float32)
+    v = rng.standard_normal((b, hkv, lk, d), np.float32)
+    sc = rng.standard_normal((b, 1, 1, lk // bs)).astype(np.float32)  # one per batch row
+    lengths = np.array([700, 1024])
+    got = pootvk.attention(q, k, v, block_size=bs, top_k=4, block_scores=sc,
+                           lengths=lengths, device=device)
+    pos = (lengths - 1)[:, None].astype(np.int32)  # the default: the last Lq of each length
+    want = ref_attend(q, k, v, ref_select(sc, pos, bs, 4), pos, bs, d ** -0.5)
+    assert_close(got, want)
+    # top_k over every block: the causal attention over each row's prefix
+    full = pootvk.attention(q, k, v, block_size=bs, top_k=64, positions=pos, device=device)
+    dense = pootvk.attention(q, k, v, lengths=lengths, device=device)
+    assert_close(full, dense.astype(np.float64), 1e-10)
+
+
+def test_public_api_refusals(device):
+    q = np.zeros((1, 2, 1, 8), np.float32)
+    k = np.zeros((1, 1, 64, 8), np.float32)
+    with pytest.raises(InvalidArgument, match="block_size"):
+        pootvk.attention(q, k, k, block_size=48, top_k=1, device=device)
+    with pytest.raises(InvalidArgument, match="top_k"):
+        pootvk.attention(q, k, k, block_size=16, device=device)
+    with pytest.raises(InvalidArgument, match="mask"):
+        pootvk.attention(q, k, k, mask=np.zeros((1, 1, 1, 64), np.float32), block_size=16,
+                         top_k=1, device=device)
+    with pytest.raises(BindError, match="block_scores"):
+        pootvk.attention(q, k, k, block_size=16, top_k=1, device=device,
+                         block_scores=np.zeros((1, 2, 1, 3), np.float32))
+    with pytest.raises(InvalidArgument, match="block_scores"):
+        pootvk.attention(q, k, k, block_scores=np.zeros((1, 1, 1, 4), np.float32),
+                         device=device)
+    with pytest.raises(SlotRangeError) as e:  # refused at bind: nothing runs
+        pootvk.attention(q, k, k, block_size=16, top_k=1, positions=np.array([[64]]),
+                         device=device)
+    assert (e.value.slot, e.value.value, e.value.hi) == ("positions", 64, 63)
+
+
+def test_guard_on_positions_fails_the_step(device):
+    """Positions from the graph (no declared range) are guarded on the device: one outside
+    [0, Lk - 1] fails the step through the validation channel and publishes nothing."""
+    rng = np.random.default_rng(13)
+    g = _graph(1, 2, 1, 1, 8, 128, 16, 2)
+    x = {"q": rng.standard_normal((1, 2, 1, 8), np.float32),
+         "k": rng.standard_normal((1, 1, 128, 8), np.float32),
+         "v": rng.standard_normal((1, 1, 128, 8), np.float32),
+         "qpos": np.array([[128]], np.int32),
+         "scores": rng.standard_normal((1, 1, 1, 8)).astype(np.float32)}
+    with pytest.raises(GuardFailed) as e:
+        _run(device, g, x, True)
+    assert "qpos" in str(e.value)
