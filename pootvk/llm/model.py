@@ -20,6 +20,11 @@ keys ``<= pos + i`` (a causal mask shared by every layer) over the live prefix
 ``len = pos + rows``. Padding rows write K/V past the prompt; no real row sees them, and
 the decode step at each of those positions overwrites the row before it attends to it.
 Only the last real row (``last``) goes through the final norm and the LM head.
+
+With ``sparse_block``/``sparse_top_k`` every layer attends block-sparse instead
+(``ops.attention_block_sparse``, rows at positions ``pos + i``): each row sees its
+``sparse_top_k`` best complete blocks, scored by their mean key, and its own block up to its
+position, so the causal mask and the live length are not used.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import numpy as np
 
 from ..errors import CapacityExceeded, InvalidArgument
 from ..ir import F16, F32, I32, DType, Graph, SlotKind, Var
-from ..ops import Builder, attention_live, causal_mask, rope_tables
+from ..ops import Builder, attention_block_sparse, attention_live, causal_mask, rope_tables
 from ..oracle import evaluate
 from ..runtime.program import Program
 from ..vk import Device, Timestamps
@@ -69,8 +74,20 @@ class LlamaConfig:
     weight_dtype: str = "float32"  # or "float16": matrices and the embedding
     tied_embeddings: bool = False  # the LM head is the embedding (no lm_head weight)
     kv_dtype: str = "float32"  # or "float16": the KV caches
+    #: block-sparse attention (``ops.attention_block_sparse``): each row attends to its
+    #: ``sparse_top_k`` best complete blocks of ``sparse_block`` keys (scored by their mean
+    #: key) and its own block; 0: dense
+    sparse_block: int = 0
+    sparse_top_k: int = 0
 
     def __post_init__(self) -> None:
+        if (self.sparse_block > 0) != (self.sparse_top_k > 0) or self.sparse_block < 0 \
+                or self.sparse_top_k < 0:
+            raise InvalidArgument("sparse_top_k", "> 0 exactly when sparse_block > 0",
+                                  (self.sparse_block, self.sparse_top_k))
+        if self.sparse_block and self.capacity % self.sparse_block:
+            raise InvalidArgument("sparse_block", f"a divisor of capacity={self.capacity}",
+                                  self.sparse_block)
         for field in ("weight_dtype", "kv_dtype"):
             if getattr(self, field) not in WEIGHT_DTYPES:
                 raise InvalidArgument(field, f"one of {sorted(WEIGHT_DTYPES)}",
@@ -219,7 +236,11 @@ def _trace(cfg: LlamaConfig, rows: int) -> Graph:
 
     # len = pos + rows for the one batch row (a constant [1] of rows, folded at compile)
     length = b.add(pos, b.add(b.mul(b.iota((1,), axis=0), 0), rows))
-    mask = causal_mask(b, pos, rows, cap) if prefill else None  # shared by every layer
+    mask = causal_mask(b, pos, rows, cap) if prefill and not cfg.sparse_block else None
+    # block-sparse: the rows' positions pos + i, [1, rows] (its own causality: a row sees
+    # complete blocks and its own block up to its position)
+    positions = b.reshape(b.add(pos, b.iota((rows,), axis=0)), (1, rows)) \
+        if cfg.sparse_block else None
 
     def attend(i: int, packed: Var) -> Var:
         # q, k and v as one Linear (``wqkv``), read apart: the fusion pass makes each
@@ -236,6 +257,10 @@ def _trace(cfg: LlamaConfig, rows: int) -> Graph:
         vc = b.dynamic_update_slice(vc, v, (0, 0, pos, 0))
         b.set_state(f"l{i}.k_cache", kc)
         b.set_state(f"l{i}.v_cache", vc)
+        if cfg.sparse_block:
+            return unheads(attention_block_sparse(
+                b, q, kc, vc, positions, block_size=cfg.sparse_block,
+                top_k=cfg.sparse_top_k, guard=f"l{i}.qpos"))
         return unheads(attention_live(b, q, kc, vc, length, mask=mask, guard=f"l{i}.len"))
 
     x = decoder_layers(b, cfg, w, as_f32(b, b.gather(w["embed"], token)), attend)
