@@ -101,8 +101,9 @@ def attention(
 
     ``block_size`` and ``top_k`` make it block-sparse (``ir.sparse_form``): the Lk keys are
     blocks of ``block_size`` (Lk a multiple of it); query row (b, l) at position
-    ``positions[b, l]`` (ints [B, Lq] in [0, Lk - 1], else SlotRangeError; by default the last Lq positions of
-    ``lengths[b]`` or of Lk: ``len - Lq + l``) attends to the ``top_k`` complete blocks of
+    ``positions[b, l]`` (ints [B, Lq] in [0, Lk - 1], else SlotRangeError; by default the
+    last Lq positions of ``lengths[b]`` or of Lk: ``len - Lq + l``) attends to the ``top_k``
+    complete blocks of
     highest score and its own block up to its position, ``(top_k + 1) * block_size`` keys
     instead of Lk. ``block_scores`` [B, 1|Hkv, Lq, Lk / block_size] are the caller's (one
     selection per batch row, or per KV group); without them each block is scored by its

@@ -8,6 +8,11 @@ workgroup and not a multiple of it, long rows (40000), many rows over a folded g
 workgroup narrower than the 256 histogram bins. BlockTopK: positions before the first
 complete block (all -1), fewer complete blocks than K, negative positions, positions past
 the last block, block sizes 16 and 64, K in {1, 4, 16}, Hs in {1, 4}, Lq in {1, 3}.
+
+Every case runs each variant of the kernel (``forced_topk``): the scans on subgroup
+shuffles (lavapipe has them) or through workgroup memory, the row held in registers or
+streamed from memory each pass; and the planner's boundaries (lanes, keys a lane, 16-byte
+loads, registers against streaming) are crossed on both sides.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import subprocess
 import numpy as np
 import pytest
 
+from pootvk.errors import ShapeError
 from pootvk.ir import F32, I32
 from pootvk.ir import prims as P
 from pootvk.ops import Builder
@@ -26,6 +32,7 @@ from pootvk.oracle import evaluate
 from pootvk.oracle.sparse import topk_indices
 from pootvk.plan import plan_graph, recorded_profiles
 from pootvk.plan.topk import TopKRequest
+from pootvk.plan.topk_rules import MAX_PER_LANE, forced_topk, topk_request
 from pootvk.runtime import build_replay
 from pootvk.shaders.compiler import compile_glsl
 from pootvk.shaders.generate import generate
@@ -40,6 +47,19 @@ SPECIAL = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 1e-4
 #: the bottom of the order only: NaN, -inf, the least number, zeros of both signs
 LOW = np.array([np.nan, -np.inf, -3.4e38, -0.0, 0.0], np.float32)
 KINDS = ("ints", "normal", "special", "low", "equal")
+#: the kernel's variants: forced_topk fields, by name
+VARIANTS = {
+    "subgroup": {"subgroup": True},
+    "shared": {"subgroup": False},
+    "stream-subgroup": {"subgroup": True, "registers": False},
+    "stream-shared": {"subgroup": False, "registers": False},
+}
+
+
+def check_variant(req: TopKRequest, variant: str) -> None:
+    """The plan took the variant's choices."""
+    assert req.subgroup == ("shared" not in variant)
+    assert (req.per_lane == 0) == variant.startswith("stream")
 
 
 def scores(kind: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
@@ -73,6 +93,7 @@ def block_graph(shape: tuple[int, int, int, int], bs: int, top: int):
     return b.build()
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize(("shape", "ks"), [
     ((1, 3), (1, 2, 3)),  # N = 3: fewer elements than lanes
     ((5, 37), (1, 5, 37)),  # N not a multiple of anything
@@ -81,13 +102,18 @@ def block_graph(shape: tuple[int, int, int, int], bs: int, top: int):
     ((2, 2048), (1, 16)),  # a decode row of NB = 2048 blocks
     ((2, 40000), (1, 1000)),  # long rows: 157 elements a lane
 ], ids=str)
-def test_topk_matches_the_oracle(device, shape, ks):
+def test_topk_matches_the_oracle(device, shape, ks, variant):
     rng = np.random.default_rng(shape[-1])
     for k in ks:
         g = topk_graph(shape, k)
-        with build_replay(g, device) as rp:
+        if shape[-1] > MAX_PER_LANE * 256 and not variant.startswith("stream"):
+            continue  # streams whatever is asked: below
+        with forced_topk(**VARIANTS[variant]):
+            rp = build_replay(g, device)
+        with rp:
             (kern,) = rp.plan.kernels
             assert isinstance(kern.request, TopKRequest) and kern.request.k == k
+            check_variant(kern.request, variant)
             for kind in KINDS:
                 x = scores(kind, shape, rng)
                 want = evaluate(g, {"x": x})["y"]
@@ -109,19 +135,26 @@ def test_topk_contract_by_hand(device):
             np.testing.assert_array_equal(rp.step({"x": x})["y"][0], idx, err_msg=f"k={k}")
 
 
-def test_narrow_workgroups_and_folded_grids(device):
-    """A device of 8 invocations (32 histogram bins a lane) and an X grid of 16 (200 rows
-    over a 2-D grid, a few workgroups past the last row): the same answers."""
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_narrow_workgroups_and_folded_grids(device, variant):
+    """A device of 8 invocations (32 histogram bins a lane; lavapipe's subgroup of 8 is the
+    whole workgroup; with subgroup scans on a device of wider subgroups, one subgroup: 32 on
+    the H200) and an X grid of 16 (200 rows over a 2-D grid, a few workgroups past the last
+    row): the same answers."""
     shape, k = (200, 70), 9
     g = topk_graph(shape, k)
-    small = device.profile.with_(max_grid=(16, 65535, 65535), max_invocations=8)
-    (kern,) = plan_graph(g, small).kernels
+    narrow = max(8, device.profile.subgroup_size) if VARIANTS[variant].get("subgroup") else 8
+    small = device.profile.with_(max_grid=(16, 65535, 65535), max_invocations=narrow)
+    with forced_topk(**VARIANTS[variant]):
+        (kern,) = plan_graph(g, small).kernels
     gx, gy = kern.request.grid
-    assert kern.request.lanes == 8 and gx <= 16 and gy > 1 and gx * gy > 200  # some idle
+    assert kern.request.lanes == narrow and gx <= 16 and gy > 1 and gx * gy > 200  # some idle
+    check_variant(kern.request, variant)
     rng = np.random.default_rng(3)
     for kind in KINDS:
         x = scores(kind, shape, rng)
-        got = run_on_device(device, g, {"x": x}, profile=small)["y"]
+        with forced_topk(**VARIANTS[variant]):
+            got = run_on_device(device, g, {"x": x}, profile=small)["y"]
         np.testing.assert_array_equal(got, evaluate(g, {"x": x})["y"], err_msg=kind)
 
 
@@ -137,6 +170,7 @@ def positions(shape: tuple[int, int], nb: int, bs: int, top: int,
     return np.where(rng.random(shape) < 0.6, pick, wide).astype(np.int32)
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize(("shape", "bs", "top"), [
     ((2, 1, 1, 24), 16, 1),
     ((2, 4, 3, 24), 16, 4),
@@ -144,12 +178,15 @@ def positions(shape: tuple[int, int], nb: int, bs: int, top: int,
     ((2, 4, 1, 33), 64, 4),
     ((1, 4, 3, 2048), 16, 16),  # decode-sized rows of blocks
 ], ids=str)
-def test_block_topk_matches_the_oracle(device, shape, bs, top):
+def test_block_topk_matches_the_oracle(device, shape, bs, top, variant):
     rng = np.random.default_rng(shape[-1] + bs + top)
     g = block_graph(shape, bs, top)
-    with build_replay(g, device) as rp:
+    with forced_topk(**VARIANTS[variant]):
+        rp = build_replay(g, device)
+    with rp:
         (kern,) = rp.plan.kernels
         assert isinstance(kern.request, TopKRequest) and kern.request.masked
+        check_variant(kern.request, variant)
         for kind in KINDS:
             s = scores(kind, shape, rng)
             q = positions((shape[0], shape[2]), shape[3], bs, top, rng)
@@ -191,22 +228,30 @@ def test_block_topk_with_no_complete_block(device):
     np.testing.assert_array_equal(got, evaluate(g, {"s": s, "qpos": q})["ids"])
 
 
-def sources() -> list[str]:
-    out = set()
+def sources() -> list[tuple[TopKRequest, str]]:
+    """Every recorded device's kernels, each variant, plain and masked, short and long."""
+    out = {}
     for prof in recorded_profiles().values():
-        for g in (topk_graph((3, 5), 2), topk_graph((4, 40000), 64),
-                  block_graph((2, 4, 3, 2048), 64, 16), block_graph((1, 1, 1, 3), 16, 3)):
-            out.update(generate(k.request) for k in plan_graph(g, prof).kernels)
-    return sorted(out)
+        for g in (topk_graph((3, 5), 2), topk_graph((4, 40000), 64), topk_graph((2, 300), 7),
+                  block_graph((2, 4, 3, 2048), 64, 16), block_graph((1, 1, 1, 3), 16, 3),
+                  block_graph((1, 2, 1, 8190), 64, 16)):
+            for over in ({}, {"subgroup": False}, {"registers": False}):
+                with forced_topk(**over):
+                    reqs = [k.request for k in plan_graph(g, prof).kernels]
+                out.update((r, generate(r)) for r in reqs)
+    return sorted(out.items(), key=lambda rs: rs[1])
 
 
 def test_generated_sources_keep_no_private_arrays_and_validate():
     exe = shutil.which("spirv-val")
     srcs = sources()
-    assert len(srcs) >= 4
-    for src in srcs:
+    assert len(srcs) >= 12
+    for req, src in srcs:
         assert not PRIVATE_ARRAY.findall(src), src
-        assert "subgroup" not in src.lower()  # workgroup memory only: one source everywhere
+        # subgroup operations only in the subgroup variant (the shared one has none)
+        assert ("subgroup" in src.lower()) == req.subgroup, req.describe()
+        if req.subgroup and req.k < req.n:  # one barrier a pass, one before, one after
+            assert src.count("barrier();") == (3 if req.subgroups > 1 else 2), src
         if exe is None:
             continue
         spv = compile_glsl(src)
@@ -217,9 +262,84 @@ def test_generated_sources_keep_no_private_arrays_and_validate():
 
 def test_lanes_and_workgroup_memory_fit_every_recorded_device():
     for prof in recorded_profiles().values():
-        for n in (1, 3, 100, 2048, 65536):
-            (k,) = plan_graph(topk_graph((2, n), 1), prof).kernels
-            r = k.request
-            assert r.lanes & (r.lanes - 1) == 0 and r.lanes <= prof.max_invocations
-            assert r.lanes <= prof.max_workgroup_size[0]
-            assert r.shared_bytes <= prof.max_workgroup_memory
+        for n in (1, 3, 100, 2048, 8192, 8193, 65536):
+            for over in ({}, {"subgroup": False}, {"registers": False}):
+                with forced_topk(**over):
+                    (k,) = plan_graph(topk_graph((2, n), 1), prof).kernels
+                r = k.request
+                assert r.lanes & (r.lanes - 1) == 0 and r.lanes <= prof.max_invocations
+                assert r.lanes <= prof.max_workgroup_size[0]
+                assert r.shared_bytes <= prof.max_workgroup_memory
+                assert r.per_lane <= MAX_PER_LANE and r.lanes * r.per_lane in (0, *range(
+                    n, n + r.lanes))  # the registers hold the row, a lane's worth spare at most
+                # subgroups only where the profile has them, whole subgroups of lanes
+                assert not r.subgroup or (prof.subgroup_shuffle and
+                                          r.lanes % prof.subgroup_size == 0)
+
+
+def test_the_h200_plan():
+    """On the H200 (subgroups of 32): 8 keys a lane up to the 256-lane workgroup, one
+    subgroup at least, the row in registers up to 8192 (32 a lane), then streamed; the
+    subgroup scans unless forced off."""
+    prof = recorded_profiles()["nvidia_h200"]
+    want = {3: (32, 1), 128: (32, 4), 256: (32, 8), 257: (64, 5), 512: (64, 8),
+            2048: (256, 8), 2049: (256, 9), 8192: (256, 32), 8193: (256, 0)}
+    for n, (lanes, per_lane) in want.items():
+        r = topk_request(8, n, 1, prof, block_size=64, heads=8)
+        assert (r.lanes, r.per_lane, r.subgroup, r.subgroup_size) == \
+            (lanes, per_lane, True, 32), (n, r.describe())
+        assert r.subgroups == lanes // 32
+    with forced_topk(subgroup=False):
+        assert not topk_request(8, 2048, 16, prof).subgroup
+    with forced_topk(registers=False, lanes=64):
+        r = topk_request(8, 2048, 16, prof)
+        assert (r.lanes, r.per_lane) == (64, 0)
+    mobile = recorded_profiles()["mobile_16k"]  # no subgroup shuffles
+    assert not topk_request(8, 2048, 16, mobile).subgroup
+    with pytest.raises(ShapeError), forced_topk(subgroup=True):
+        topk_request(8, 2048, 16, mobile)
+    with pytest.raises(ShapeError), forced_topk(registers=True):
+        topk_request(8, 8193, 16, prof)
+    with pytest.raises(ValueError):
+        with forced_topk(width=3):
+            pass
+
+
+#: rows on both sides of every boundary the plan has on lavapipe (subgroups of 8): the
+#: lanes (32 up to 256 keys, then 64), 16-byte loads (keys a lane and N multiples of 4),
+#: a lane's chunk past the row's end, registers (up to 32 keys a lane at 256 lanes) against
+#: streaming
+BOUNDARIES = (255, 256, 257, 2048, 2049, 2052, 8188, 8190, 8192, 8193)
+
+
+@pytest.mark.parametrize("subgroup", [True, False], ids=["subgroup", "shared"])
+@pytest.mark.parametrize("n", BOUNDARIES)
+def test_every_boundary(device, n, subgroup):
+    rng = np.random.default_rng(n)
+    per_lane = -(-n // 256)
+    for k in (1, 16):
+        g = topk_graph((4, n), k)  # 4 rows: "equal" rows of a number, zeros, -inf, NaN
+        with forced_topk(subgroup=subgroup):
+            rp = build_replay(g, device)
+        with rp:
+            (kern,) = rp.plan.kernels
+            r = kern.request
+            assert r.subgroup == subgroup
+            assert (r.per_lane == 0) == (per_lane > MAX_PER_LANE)
+            for kind in KINDS:
+                x = scores(kind, (4, n), rng)
+                np.testing.assert_array_equal(rp.step({"x": x})["y"],
+                                              evaluate(g, {"x": x})["y"], err_msg=kind)
+    bs, top = 64, 16
+    g = block_graph((1, 4, 1, n), bs, top)
+    with forced_topk(subgroup=subgroup):
+        rp = build_replay(g, device)
+    with rp:
+        for kind in KINDS:
+            s = scores(kind, (1, 4, 1, n), rng)
+            # every block eligible, all but the last, the first K + 1, one past the row
+            for qp in (n * bs, n * bs - 1, (top + 1) * bs + 5, 3 * n * bs // 4):
+                q = np.array([[qp]], np.int32)
+                np.testing.assert_array_equal(
+                    rp.step({"s": s, "qpos": q})["ids"],
+                    evaluate(g, {"s": s, "qpos": q})["ids"], err_msg=f"{kind} qpos={qp}")
