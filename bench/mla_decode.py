@@ -44,15 +44,15 @@ import pootvk  # noqa: E402
 from pootvk.benchmark import (  # noqa: E402
     SmClock,
     _public_replay,
+    bench_device,
+    dispatch_runs,
     read_ceiling,
     time_cuda_graph,
     torch_available,
-    warm_for,
 )
 from pootvk.plan import DecodeCombineRequest, DecodeRequest, forced_schedule  # noqa: E402
 from pootvk.plan.requests import AttentionRequest  # noqa: E402
-from pootvk.runtime import resolve_device  # noqa: E402
-from pootvk.vk import Device, Recorder  # noqa: E402
+from pootvk.vk import Device  # noqa: E402
 
 MLA = (1, 128, 1, 32768, 576, 64, 512)  # B, Hq, Hkv, Lk, Dk, s, Dv
 QUICK = (1, 8, 1, 1024, 96, 32, 64)
@@ -158,21 +158,16 @@ def bench_pootvk(device: Device, shape, inputs, ref, ceiling_gbps: float, itemsi
     row["kernels"] = [rp.plan.kernels[i].request.describe() for i in idx]
     main = rp.plan.kernels[idx[0]].request
     row["request"] = main
-    rec = Recorder(device).record(list(rp.recording.dispatches), timestamps=True)
     try:
-        warm_for(lambda: rec.submit(wait=True), warm_s)
-        row["sm_mhz"] = clock.check(f"pootvk MLA {forced or 'planner'}", sys.stdout)
-        times = []
-        for _ in range(reps):
-            rec.submit(wait=True)
-            ts = rec.dispatch_times_ns()
-            if ts is None:
-                row["note"] = "the device has no timestamps"
-                return row
-            times.append(sum(ts[i] for i in idx))
+        runs, row["sm_mhz"] = dispatch_runs(
+            device, list(rp.recording.dispatches), warm_s=warm_s, reps=reps, clock=clock,
+            what=f"pootvk MLA {forced or 'planner'}", out=sys.stdout)
     finally:
-        rec.destroy()
         rp.close()
+    if runs is None:
+        row["note"] = "the device has no timestamps"
+        return row
+    times = [sum(ts[i] for i in idx) for ts in runs]
     us = statistics.median(times) / 1e3
     row.update(us=us, gbps=kv_bytes(shape, itemsize) / (us * 1e3))
     row["frac"] = row["gbps"] / ceiling_gbps
@@ -252,12 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     reps = args.reps or (5 if args.quick else 50)
     dtype = np.float16 if args.dtype == "f16" else np.float32
     itemsize = np.dtype(dtype).itemsize
-    device = resolve_device(args.device)
+    device, clock = bench_device(args.device)
     prof = device.profile
-    clock = SmClock(device.name)
-    print(f"device: {device.name} ({prof.device_type}, {prof.driver}, "
-          f"{prof.compute_units or '?'} compute units)")
-    print(clock.note or f"SM clock: {clock.sm_mhz()} MHz now, maximum {clock.max_mhz} MHz")
     coop = sorted(e for e in device.physical.extensions if "cooperative_matrix" in e)
     print(f"cooperative-matrix extensions (tensor cores from Vulkan): {', '.join(coop) or 'none'}")
     ceiling = read_ceiling(device, nbytes=8 << 20 if args.quick else None,

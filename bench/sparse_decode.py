@@ -44,6 +44,8 @@ import pootvk  # noqa: E402
 from pootvk.benchmark import (  # noqa: E402
     SmClock,
     _public_replay,
+    bench_device,
+    dispatch_runs,
     nse,
     read_ceiling,
     reference,
@@ -51,8 +53,6 @@ from pootvk.benchmark import (  # noqa: E402
 )
 from pootvk.errors import PootvkError  # noqa: E402
 from pootvk.plan import forced_schedule  # noqa: E402
-from pootvk.runtime import resolve_device  # noqa: E402
-from pootvk.vk import Recorder  # noqa: E402
 from tests.sparse_ref import ref_attend, ref_select  # noqa: E402
 
 TOL = 5e-4
@@ -66,18 +66,12 @@ def _time_public(device, warm_s: float, reps: int, clock: SmClock) -> dict:
         return {"note": "the public path's replay was not found"}
     dispatches = list(rp.recording.dispatches)
     us, mhz, _ = time_dispatches(device, dispatches, warm_s=warm_s, reps=reps, clock=clock)
-    rec = Recorder(device).record(dispatches, timestamps=True)
-    try:
-        per = []
-        for _ in range(reps):
-            rec.submit(wait=True)
-            per.append(rec.dispatch_times_ns() or [])
-    finally:
-        rec.destroy()
+    per, _ = dispatch_runs(device, dispatches, warm_s=0.0, reps=reps, clock=clock,
+                           what="the kernels")
     names = [d.label if hasattr(d, "label") else "" for d in dispatches]
     kernels = []
     for i, name in enumerate(names):
-        t = statistics.median(x[i] for x in per) / 1e3 if per and per[0] else float("nan")
+        t = statistics.median(x[i] for x in per) / 1e3 if per else float("nan")
         kernels.append(f"{name or 'kernel'} {t:.1f} us")
     rp.close()
     return {"us": us, "sm_mhz": mhz, "kernels": kernels}
@@ -145,12 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     warm = args.warm if args.warm is not None else (0.05 if args.quick else 1.0)
     reps = args.reps or (5 if args.quick else 50)
     dtype = np.float16 if args.dtype == "f16" else np.float32
-    device = resolve_device(args.device)
-    prof = device.profile
-    clock = SmClock(device.name)
-    print(f"device: {device.name} ({prof.device_type}, {prof.driver}, "
-          f"{prof.compute_units or '?'} compute units)")
-    print(clock.note or f"SM clock: {clock.sm_mhz()} MHz now, maximum {clock.max_mhz} MHz")
+    device, clock = bench_device(args.device)
     ceiling = read_ceiling(device, nbytes=8 << 20 if args.quick else None,
                            reps=3 if args.quick else 10)
     b, hq, hkv, d = shape

@@ -43,7 +43,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pootvk.benchmark import SmClock, per_launch_ns, warm_for  # noqa: E402
+from pootvk.benchmark import SmClock, dispatch_runs, per_launch_ns  # noqa: E402
 from pootvk.errors import PootvkError  # noqa: E402
 from pootvk.ir import F32, I32  # noqa: E402
 from pootvk.ir import prims as P  # noqa: E402
@@ -52,7 +52,6 @@ from pootvk.oracle import evaluate  # noqa: E402
 from pootvk.plan.topk import TopKRequest  # noqa: E402
 from pootvk.plan.topk_rules import FORCIBLE, forced_topk  # noqa: E402
 from pootvk.runtime import build_replay, resolve_device  # noqa: E402
-from pootvk.vk import Recorder  # noqa: E402
 
 #: forced_topk fields of each variant (``plan``: none)
 VARIANTS: dict[str, dict[str, object]] = {
@@ -123,21 +122,13 @@ def time_case(device, g, inputs, pick, *, warm_s: float, reps: int, calls: int,
             row["note"] = f"{len(dispatches)} dispatches for {len(kernels)} kernels"
             row["ok"] = False
             return row
-        rec = Recorder(device).record(dispatches * calls, timestamps=True)
-        try:
-            warm_for(lambda: rec.submit(wait=True), warm_s)
-            row["sm_mhz"] = clock.check(what, sys.stdout)
-            ts = []
-            for _ in range(reps):
-                rec.submit(wait=True)
-                times = rec.dispatch_times_ns()
-                if times is None:
-                    row["note"] = "the device has no timestamps"
-                    return row
-                ts.append(per_launch_ns(times, len(dispatches), calls)[i])
-        finally:
-            rec.destroy()
-        row["us"] = statistics.median(ts) / 1e3
+        runs, row["sm_mhz"] = dispatch_runs(device, dispatches * calls, warm_s=warm_s,
+                                            reps=reps, clock=clock, what=what, out=sys.stdout)
+        if runs is None:
+            row["note"] = "the device has no timestamps"
+            return row
+        row["us"] = statistics.median(per_launch_ns(t, len(dispatches), calls)[i]
+                                      for t in runs) / 1e3
         row["ok"] = row["ok"] and same(rp.step(inputs), want)  # still right after the reps
     finally:
         rp.close()

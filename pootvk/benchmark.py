@@ -238,6 +238,43 @@ def warm_for(fn, seconds: float) -> int:
             return n
 
 
+def dispatch_runs(device: Device, dispatches: list[Dispatch], *, warm_s: float, reps: int,
+                  clock: SmClock, what: str, out=None) -> tuple[list[list[int]] | None,
+                                                                int | None]:
+    """Record ``dispatches`` with a timestamp around each, run them back to back for
+    ``warm_s`` s (the GPU clocks up; the SM clock checked after, ``clock.check(what)``),
+    then submit ``reps`` times: each submit's per-dispatch ns (None: no timestamps) and the
+    SM MHz read after the warm-up."""
+    rec = Recorder(device).record(dispatches, timestamps=True)
+    try:
+        warm_for(lambda: rec.submit(wait=True), warm_s)
+        mhz = clock.check(what, out)
+        runs = []
+        for _ in range(reps):
+            rec.submit(wait=True)
+            times = rec.dispatch_times_ns()
+            if times is None:
+                return None, mhz
+            runs.append(list(times))
+        return runs, mhz
+    finally:
+        rec.destroy()
+
+
+def bench_device(name: str | None) -> tuple[Device, SmClock]:
+    """The device a benchmark runs on (``--device``) and its SM clock; prints both, one
+    line each, as every benchmark's header."""
+    from .runtime import resolve_device
+
+    device = resolve_device(name)
+    prof = device.profile
+    clock = SmClock(device.name)
+    print(f"device: {device.name} ({prof.device_type}, {prof.driver}, "
+          f"{prof.compute_units or '?'} compute units)")
+    print(clock.note or f"SM clock: {clock.sm_mhz()} MHz now, maximum {clock.max_mhz} MHz")
+    return device, clock
+
+
 def time_dispatches(device: Device, dispatches: list[Dispatch], *, warm_s: float, reps: int,
                     clock: SmClock, timestamps: Any = "bounds",
                     program_order: bool | None = None) -> tuple[float, int | None, int]:

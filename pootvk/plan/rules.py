@@ -296,20 +296,28 @@ def _attention(e: Eqn, ctx: PlanContext) -> RuleResult:
     schedule of its logical shapes; its pools are bound as k and v (in place: no gather)
     and its ``read`` map as one more binding, by role like every operand."""
     req = attention_schedule(e, ctx.profile)
-    # the eqn's operands in the kernel's binding order (bound by role name)
-    by_role = attention_operands(e.params["form"], e.inputs)
+    return attention_calls(req, attention_operands(e.params["form"], e.inputs), e.out,
+                           "attention")
+
+
+def attention_calls(req: AttentionRequest | DecodeRequest, by_role: dict[str, Var], out: Var,
+                    label: str) -> RuleResult:
+    """The kernels of one attention request over operands named by role (bound in the
+    kernel's binding order): one kernel (streaming, grouped unsplit, or grouped with the
+    fused combine: its arrival counters persistent zeroed scratch), or the grouped partials
+    (declared scratch, coloured with the values) and a combine launch."""
     ins = tuple(by_role[b.name] for b in req.bindings() if b.name in by_role)
     if len(ins) != len(by_role):
         raise RuntimeError(f"{req.describe()} binds {[b.name for b in req.bindings()]}, "
                            f"not every operand of {sorted(by_role)}")
     if isinstance(req, AttentionRequest) or req.splits == 1:
-        return RuleResult([KernelCall(req, (*ins, e.out), "attention")])
+        return RuleResult([KernelCall(req, (*ins, out), label)])
     part = Scratch(req.partial_floats, F32, "partials")
     if req.fused_combine:
         count = Scratch(req.counters, U32, "counters", persistent=True)
-        call = KernelCall(req, (*ins, part, count, e.out), "attention")
+        call = KernelCall(req, (*ins, part, count, out), label)
         return RuleResult([call], [part, count])
     return RuleResult([
-        KernelCall(req, (*ins, part), "attention"),
-        KernelCall(DecodeCombineRequest(req), (part, e.out), "combine"),
+        KernelCall(req, (*ins, part), label),
+        KernelCall(DecodeCombineRequest(req), (part, out), "combine"),
     ], [part])

@@ -10,7 +10,7 @@ fields for the plans made inside it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -91,22 +91,32 @@ def decode_problem(e: Eqn) -> DecodeProblem:
     )
 
 
-def attention_schedule(e: Eqn, profile: DeviceProfile) -> AttentionRequest | DecodeRequest:
-    """The request for one Attention eqn on ``profile``: grouped where it plans, streaming
-    otherwise (16-bit K/V have only the grouped kernel: a refusal is then raised)."""
+def grouped_or_streaming(
+    problem: Callable[[], DecodeProblem], streaming: Callable[[], AttentionRequest],
+    profile: DeviceProfile, f32: bool,
+) -> AttentionRequest | DecodeRequest:
+    """The grouped decode kernel where ``problem()`` plans on ``profile``, else the streaming
+    kernel ``streaming()``; ``forced_schedule`` forces either. The streaming kernel reads
+    F32 K/V only, so a 16-bit problem the grouped kernel refuses raises that refusal."""
     f = current_forced()
-    form = e.params["form"]
     if f.schedule == "streaming":
-        return attention_request(e, profile)
+        return streaming()
     try:
         return choose_decode_schedule(
-            decode_problem(e), profile, has_subgroup_shuffle=profile.subgroup_shuffle,
+            problem(), profile, has_subgroup_shuffle=profile.subgroup_shuffle,
             force_splits=f.splits, overrides=dict(f.overrides) or None,
         )
     except (AttentionLds, ShapeError):
-        if f.schedule == "grouped" or form.kv_dtype is not F32:
+        if f.schedule == "grouped" or not f32:
             raise
-        return attention_request(e, profile)
+        return streaming()
+
+
+def attention_schedule(e: Eqn, profile: DeviceProfile) -> AttentionRequest | DecodeRequest:
+    """The request for one Attention eqn on ``profile``: grouped where it plans, streaming
+    otherwise (16-bit K/V have only the grouped kernel: a refusal is then raised)."""
+    return grouped_or_streaming(lambda: decode_problem(e), lambda: attention_request(e, profile),
+                                profile, e.params["form"].kv_dtype is F32)
 
 
 def attention_request(e: Eqn, profile: DeviceProfile) -> AttentionRequest:

@@ -20,21 +20,15 @@ matrix kernel (``decode_schedule.matrix_supported`` refuses selected problems).
 
 from __future__ import annotations
 
-from ..errors import AttentionLds, DtypeLowering, ShapeError
-from ..ir import F32, U32, Eqn
+from ..errors import AttentionLds, DtypeLowering
+from ..ir import F32, Eqn
 from ..ir import prims as P
 from ..ir.sparse_form import SELECTED_ROLES, SelectedForm
-from .bindings import Scratch
-from .decode_schedule import (
-    DecodeCombineRequest,
-    DecodeProblem,
-    DecodeRequest,
-    choose_decode_schedule,
-)
+from .decode_schedule import DecodeProblem, DecodeRequest
 from .profile import DeviceProfile
 from .requests import AttentionRequest, fold_grid
-from .rules import KernelCall, PlanContext, RuleResult, plan_rules
-from .schedule import choose_lanes, current_forced
+from .rules import PlanContext, RuleResult, attention_calls, plan_rules
+from .schedule import choose_lanes, grouped_or_streaming
 
 
 def selected_problem(e: Eqn) -> DecodeProblem:
@@ -81,18 +75,9 @@ def selected_schedule(e: Eqn, profile: DeviceProfile) -> AttentionRequest | Deco
     """The request for one SelectedAttention eqn: the grouped decode kernel where it plans,
     the streaming kernel otherwise (or when forced); 16-bit K/V have only the grouped
     kernel, so its refusal is raised."""
-    f = current_forced()
-    if f.schedule == "streaming":
-        return selected_streaming(e, profile)
-    try:
-        return choose_decode_schedule(
-            selected_problem(e), profile, has_subgroup_shuffle=profile.subgroup_shuffle,
-            force_splits=f.splits, overrides=dict(f.overrides) or None,
-        )
-    except (AttentionLds, ShapeError):
-        if f.schedule == "grouped" or e.params["form"].kv_dtype is not F32:
-            raise
-        return selected_streaming(e, profile)
+    return grouped_or_streaming(lambda: selected_problem(e),
+                                lambda: selected_streaming(e, profile), profile,
+                                e.params["form"].kv_dtype is F32)
 
 
 @plan_rules.register(P.SELECTED_ATTENTION)
@@ -102,19 +87,5 @@ def _selected_attention(e: Eqn, ctx: PlanContext) -> RuleResult:
     combine's arrival counters persistent zeroed scratch (as the Attention rule's).
     Operands are bound by role name (``SELECTED_ROLES``)."""
     req = selected_schedule(e, ctx.profile)
-    by_role = dict(zip(SELECTED_ROLES, e.inputs, strict=True))
-    ins = tuple(by_role[b.name] for b in req.bindings() if b.name in by_role)
-    if len(ins) != len(by_role):
-        raise RuntimeError(f"{req.describe()} binds {[b.name for b in req.bindings()]}, "
-                           f"not every operand of {sorted(by_role)}")
-    if isinstance(req, AttentionRequest) or req.splits == 1:
-        return RuleResult([KernelCall(req, (*ins, e.out), "selected_attention")])
-    part = Scratch(req.partial_floats, F32, "partials")
-    if req.fused_combine:
-        count = Scratch(req.counters, U32, "counters", persistent=True)
-        call = KernelCall(req, (*ins, part, count, e.out), "selected_attention")
-        return RuleResult([call], [part, count])
-    return RuleResult([
-        KernelCall(req, (*ins, part), "selected_attention"),
-        KernelCall(DecodeCombineRequest(req), (part, e.out), "combine"),
-    ], [part])
+    return attention_calls(req, dict(zip(SELECTED_ROLES, e.inputs, strict=True)), e.out,
+                           "selected_attention")

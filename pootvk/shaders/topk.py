@@ -88,26 +88,20 @@ uvec2 scan_lanes(uint lane, uvec2 v) {
 }
 """
 
-_SUBGROUP_SCAN = """
-// inclusive prefix sums over the subgroup's lanes (shuffles; every lane must call them)
-uint sg_scan(uint v) {
-    uint s = gl_SubgroupInvocationID;
-    for (uint off = 1u; off < SG; off <<= 1) {
-        uint t = subgroupShuffle(v, s - min(s, off));
-        if (s >= off) v += t;
-    }
-    return v;
-}
+def _scan_fn(t: str) -> str:
+    """An inclusive prefix sum of a ``t`` over the subgroup's lanes (shuffles)."""
+    return (f"{t} sg_scan({t} v) {{\n"
+            "    uint s = gl_SubgroupInvocationID;\n"
+            "    for (uint off = 1u; off < SG; off <<= 1) {\n"
+            f"        {t} t = subgroupShuffle(v, s - min(s, off));\n"
+            "        if (s >= off) v += t;\n"
+            "    }\n"
+            "    return v;\n"
+            "}\n")
 
-uvec2 sg_scan(uvec2 v) {
-    uint s = gl_SubgroupInvocationID;
-    for (uint off = 1u; off < SG; off <<= 1) {
-        uvec2 t = subgroupShuffle(v, s - min(s, off));
-        if (s >= off) v += t;
-    }
-    return v;
-}
-"""
+
+_SUBGROUP_SCAN = ("\n// inclusive prefix sums over the subgroup's lanes (shuffles; every lane "
+                  "must call them)\n" + _scan_fn("uint") + "\n" + _scan_fn("uvec2"))
 
 
 def _sg_lanes_scan(subgroups: int) -> str:
