@@ -7,20 +7,29 @@ on the positions."""
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import pootvk
-from pootvk.errors import BindError, GuardFailed, InvalidArgument, SlotRangeError
+from pootvk.errors import (
+    BindError,
+    DtypeLowering,
+    GuardFailed,
+    InvalidArgument,
+    SlotRangeError,
+)
 from pootvk.ir import F16, F32, I32, check_graph
 from pootvk.ir import prims as P
 from pootvk.ops import Builder, attention_block_sparse
 from pootvk.oracle import evaluate
 from pootvk.passes import PASSES, compile_graph, selection
-from pootvk.plan import plan_graph
+from pootvk.plan import forced_schedule, plan_graph
 from pootvk.runtime.replay import Replay
 from pootvk.shaders.generate import compile_plan
-from tests.helpers import assert_close
+from tests.helpers import assert_close, examples
 from tests.sparse_ref import ref_attend, ref_select
 
 
@@ -146,3 +155,52 @@ def test_guard_on_positions_fails_the_step(device):
     with pytest.raises(GuardFailed) as e:
         _run(device, g, x, True)
     assert "qpos" in str(e.value)
+
+
+SPARSE_SCHEDULES = {
+    "planner": {},
+    "streaming": {"schedule": "streaming"},
+    "grouped": {"schedule": "grouped"},
+    "split3": {"schedule": "grouped", "splits": 3},
+    "split3_two_launches": {"schedule": "grouped", "splits": 3, "fused_combine": False},
+    "shared_reduce": {"schedule": "grouped", "subgroup": False},
+}
+
+
+@settings(max_examples=examples(30), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(
+    b=st.integers(1, 2), n_rep=st.sampled_from([1, 3, 4]), hkv=st.integers(1, 2),
+    lq=st.sampled_from([1, 2]), bs=st.sampled_from([16, 32, 64]), blocks=st.integers(1, 12),
+    top_k=st.integers(1, 6), d=st.sampled_from([16, 40, 64]), dv=st.sampled_from([16, 24, 64]),
+    per_head=st.booleans(), softcap=st.sampled_from([None, 6.0]),
+    kv=st.sampled_from(["f32", "f16", "bf16"]), schedule=st.sampled_from(sorted(SPARSE_SCHEDULES)),
+    seed=st.integers(0, 2**16),
+)
+def test_public_block_sparse_sweep(device, b, n_rep, hkv, lq, bs, blocks, top_k, d, dv,
+                                   per_head, softcap, kv, schedule, seed):
+    """``pootvk.attention(block_size=, top_k=)`` against the float64 reference over shapes,
+    widths (not multiples of 4 too), GQA, per-group or shared scores, softcap, K/V dtypes and
+    every SelectedAttention schedule (forced, so lavapipe runs each)."""
+    rng = np.random.default_rng(seed)
+    hq, lk = hkv * n_rep, blocks * bs
+    q = rng.standard_normal((b, hq, lq, d), dtype=np.float32)
+    k = rng.standard_normal((b, hkv, lk, d), dtype=np.float32)
+    v = rng.standard_normal((b, hkv, lk, dv), dtype=np.float32)
+    if kv != "f32":
+        dt = np.float16 if kv == "f16" else ml_dtypes.bfloat16
+        k, v = k.astype(dt), v.astype(dt)
+    sc = rng.integers(0, 4, (b, hkv if per_head else 1, lq, blocks)).astype(np.float32)
+    pos = rng.integers(0, lk, (b, lq)).astype(np.int32)
+    ids = ref_select(sc, pos, bs, min(top_k, blocks))
+    ref = ref_attend(q, k.astype(np.float32), v.astype(np.float32), ids, pos, bs,
+                     d ** -0.5, softcap)
+    with forced_schedule(**SPARSE_SCHEDULES[schedule]):
+        if kv != "f32" and schedule == "streaming":
+            with pytest.raises(DtypeLowering):  # the streaming kernel is F32 only
+                pootvk.attention(q, k, v, block_size=bs, top_k=top_k, block_scores=sc,
+                                 positions=pos, softcap=softcap, device=device)
+            return
+        got = pootvk.attention(q, k, v, block_size=bs, top_k=top_k, block_scores=sc,
+                               positions=pos, softcap=softcap, device=device)
+    assert_close(got, ref)
