@@ -158,6 +158,7 @@ def kernel_summary(req: object) -> str:
         ReduceRequest,
         ScatterRequest,
     )
+    from .plan.topk import TopKRequest
 
     if isinstance(req, GroupRequest):
         return (f"group of {len(req.parts)} independent launches as one "
@@ -170,8 +171,17 @@ def kernel_summary(req: object) -> str:
                 f"{req.local_size} lanes ({req.rows_per_wg} rows each, {req.tile} keys/step"
                 f"{', query hi+lo' if req.q_split else ''}), splits={req.splits}{extra}, "
                 f"K/V {req.kv_dtype}, {req.shared_bytes} B workgroup memory{_split_note(req)}")
+    if isinstance(req, TopKRequest):
+        what = f"block top-{req.k} (blocks of {req.block_size})" if req.block_size else \
+            f"top-{req.k}"
+        return (f"{what} radix selection: {req.rows} rows of {req.n} x {req.lanes} lanes "
+                f"({'row in registers' if req.per_lane else 'row re-read per pass'}, "
+                f"{'subgroup' if req.subgroup else 'shared-memory'} scans)")
     if isinstance(req, DecodeRequest):
         extra = ", fused combine" if req.splits > 1 and req.fused_combine else ""
+        if req.select_block:
+            extra += (f", selected blocks of {req.select_block} (top {req.select_k} + own, "
+                      f"{(req.select_k + 1) * req.select_block} keys a row)")
         return (f"grouped split-KV: {req.workgroups} workgroups x {req.local_size} lanes "
                 f"({req.lanes_per_key} lanes/key, {req.rows_per_wg} rows each, "
                 f"{'subgroup' if req.subgroup else 'shared-memory'} reduction), "
