@@ -172,6 +172,9 @@ def _block_sparse(q: object, k: object, v: object, mask: object, scale: float | 
     if lk % bs:
         raise InvalidArgument("block_size", f"a divisor of the key length Lk={lk}", bs)
     values = {"q": q, "k": k, "v": v}
+    if positions is not None and lengths is not None:
+        raise InvalidArgument("lengths", "None when positions are given (the positions say "
+                              "which keys each row sees)", "an array")
     if positions is None:
         ends = np.full(b, lk, np.int64) if lengths is None else _lengths(lengths, b)
         positions = ends[:, None] - lq + np.arange(lq)[None, :]

@@ -127,6 +127,9 @@ def test_public_api_refusals(device):
         pootvk.attention(q, k, k, block_size=48, top_k=1, device=device)
     with pytest.raises(InvalidArgument, match="top_k"):
         pootvk.attention(q, k, k, block_size=16, device=device)
+    with pytest.raises(InvalidArgument, match="lengths"):
+        pootvk.attention(q, k, k, block_size=16, top_k=1, positions=np.array([[3]]),
+                         lengths=np.array([4]), device=device)
     with pytest.raises(InvalidArgument, match="mask"):
         pootvk.attention(q, k, k, mask=np.zeros((1, 1, 1, 64), np.float32), block_size=16,
                          top_k=1, device=device)
