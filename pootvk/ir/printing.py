@@ -7,6 +7,7 @@ from enum import Enum
 from .attention_form import AttentionForm
 from .graph import Graph, Literal, Var
 from .linear_form import LinearForm
+from .sparse_form import SelectedForm
 
 
 class Namer:
@@ -45,7 +46,7 @@ def format_graph(g: Graph) -> str:
     for e in g.eqns:
         outs = " ".join(f"{name(o)}:{o.aval()}" for o in e.outputs)
         ps = " ".join(
-            v.describe() if isinstance(v, AttentionForm | LinearForm) else f"{k}={_fmt_param(v)}"
+            v.describe() if isinstance(v, AttentionForm | LinearForm | SelectedForm) else f"{k}={_fmt_param(v)}"
             for k, v in e.params.items()
         )
         ins = " ".join(name(v) for v in e.inputs)
