@@ -46,7 +46,8 @@ def format_graph(g: Graph) -> str:
     for e in g.eqns:
         outs = " ".join(f"{name(o)}:{o.aval()}" for o in e.outputs)
         ps = " ".join(
-            v.describe() if isinstance(v, AttentionForm | LinearForm | SelectedForm) else f"{k}={_fmt_param(v)}"
+            v.describe() if isinstance(v, AttentionForm | LinearForm | SelectedForm)
+            else f"{k}={_fmt_param(v)}"
             for k, v in e.params.items()
         )
         ins = " ".join(name(v) for v in e.inputs)
