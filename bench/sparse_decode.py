@@ -1,6 +1,6 @@
 """Block-sparse decode against dense decode on the same cache, one run, one device.
 
-    python3 bench/sparse_decode.py [--lk 8192,32768,131072] [--shape B,Hq,Hkv,D]
+    python3 bench/sparse_decode.py [--lk 8192,32768,131072] [--shape B,Hq,Hkv,D[,s,Dv]]
                                    [--block 64] [--top-k 16] [--dtype f16|f32]
                                    [--quick] [--warm 1.0] [--reps 50] [--json FILE]
 
@@ -79,37 +79,46 @@ def _time_public(device, warm_s: float, reps: int, clock: SmClock) -> dict:
 
 def run_lk(device, shape, lk: int, bs: int, top_k: int, dtype, *, warm_s: float, reps: int,
            clock: SmClock, dense_check: bool, variants: list[dict]) -> list[dict]:
-    b, hq, hkv, d = shape
+    """The sparse series and dense attention at one key length. ``shape`` is B,Hq,Hkv,D, or
+    B,Hq,Hkv,D,s,Dv for latent attention's split key (k D - s wide, k_shared [B, 1, Lk, s]
+    read once per key for every head, v Dv wide)."""
+    b, hq, hkv, d = shape[:4]
+    s, dv = (shape[4], shape[5]) if len(shape) == 6 else (0, d)
     rng = np.random.default_rng(lk)
     q = rng.standard_normal((b, hq, 1, d), dtype=np.float32)
-    k = rng.standard_normal((b, hkv, lk, d), dtype=np.float32).astype(dtype)
-    v = rng.standard_normal((b, hkv, lk, d), dtype=np.float32).astype(dtype)
+    k = rng.standard_normal((b, hkv, lk, d - s), dtype=np.float32).astype(dtype)
+    v = rng.standard_normal((b, hkv, lk, dv), dtype=np.float32).astype(dtype)
+    ks = rng.standard_normal((b, 1, lk, s), dtype=np.float32).astype(dtype) if s else None
+    whole = k if ks is None else np.concatenate(
+        [k, np.broadcast_to(ks, (b, hkv, lk, s))], axis=-1)  # the reference's key
     scores = rng.standard_normal((b, hkv, 1, lk // bs)).astype(np.float32)
     pos = np.full((b, 1), lk - 1, np.int32)
     rows = []
-    sel_bytes = b * hkv * (top_k + 1) * bs * 2 * d * np.dtype(dtype).itemsize
+    item = np.dtype(dtype).itemsize
+    per_key = (d - s + dv) * hkv + s  # elements of one key position read (k, v, k_shared)
+    sel_bytes = b * (top_k + 1) * bs * per_key * item
     cases = [("sparse", scores, {}), ("sparse + indexer", None, {})]
     cases += [(f"sparse {json.dumps(f)}", scores, f) for f in variants]
     for name, sc, forced in cases:
         try:
             with forced_schedule(**forced):
-                got = pootvk.attention(q, k, v, block_size=bs, top_k=top_k, block_scores=sc,
-                                       positions=pos, device=device)
+                got = pootvk.attention(q, k, v, k_shared=ks, block_size=bs, top_k=top_k,
+                                       block_scores=sc, positions=pos, device=device)
         except PootvkError as e:
             rows.append({"series": name, "lk": lk, "note": f"refused: {e}".splitlines()[0]})
             continue
         if sc is None:  # the in-graph indexer: each block's mean key . the group's query sum
-            kf = k.astype(np.float64).reshape(b, hkv, lk // bs, bs, d).mean(3)
+            kf = whole.astype(np.float64).reshape(b, hkv, lk // bs, bs, d).mean(3)
             qs = q.astype(np.float64).reshape(b, hkv, hq // hkv, 1, d).sum(2)
             sc = (qs @ kf.transpose(0, 1, 3, 2)).astype(np.float32)
         ids = ref_select(sc, pos, bs, min(top_k, lk // bs))
-        ref = ref_attend(q, k, v, ids, pos, bs, d ** -0.5)
+        ref = ref_attend(q, whole, v, ids, pos, bs, d ** -0.5)
         row = {"series": name, "lk": lk, "nse": nse(got, ref), "bytes": sel_bytes}
         row.update(_time_public(device, warm_s, reps, clock))
         rows.append(row)
-    got = pootvk.attention(q, k, v, device=device)
-    row = {"series": "dense", "lk": lk, "bytes": b * hkv * lk * 2 * d * np.dtype(dtype).itemsize}
-    row["nse"] = nse(got, reference(q, k, v)) if dense_check else 0.0
+    got = pootvk.attention(q, k, v, k_shared=ks, device=device)
+    row = {"series": "dense", "lk": lk, "bytes": b * lk * per_key * item}
+    row["nse"] = nse(got, reference(q, whole, v)) if dense_check else 0.0
     row.update(_time_public(device, warm_s, reps, clock))
     rows.append(row)
     return rows
@@ -118,7 +127,9 @@ def run_lk(device, shape, lk: int, bs: int, top_k: int, dtype, *, warm_s: float,
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--lk", default=None, help="key lengths, comma separated")
-    ap.add_argument("--shape", default="1,32,8,128", help="B,Hq,Hkv,D")
+    ap.add_argument("--shape", default="1,32,8,128",
+                    help="B,Hq,Hkv,D, or B,Hq,Hkv,D,s,Dv: a split key (latent attention, "
+                    "e.g. DeepSeek's 1,128,1,576,64,512)")
     ap.add_argument("--block", type=int, default=64)
     ap.add_argument("--top-k", type=int, default=16)
     ap.add_argument("--dtype", choices=("f16", "f32"), default="f16")
@@ -142,9 +153,11 @@ def main(argv: list[str] | None = None) -> int:
     device, clock = bench_device(args.device)
     ceiling = read_ceiling(device, nbytes=8 << 20 if args.quick else None,
                            reps=3 if args.quick else 10)
-    b, hq, hkv, d = shape
+    b, hq, hkv, d = shape[:4]
+    split = f" (k {d - shape[4]} + k_shared {shape[4]}, Dv {shape[5]})" if len(shape) == 6 \
+        else ""
     print(f"read ceiling: {ceiling.gbps:.1f} GB/s over {ceiling.nbytes >> 20} MiB")
-    print(f"shape: B={b} Hq={hq} Hkv={hkv} D={d} {args.dtype} K/V, one query row at "
+    print(f"shape: B={b} Hq={hq} Hkv={hkv} D={d}{split} {args.dtype} K/V, one query row at "
           f"position Lk-1; block {args.block}, top_k {args.top_k}: "
           f"{(args.top_k + 1) * args.block} keys visited")
     print(f"method: >= {warm:g} s back-to-back warm-up per case, median of {reps} whole-plan "

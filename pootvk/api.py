@@ -107,7 +107,8 @@ def attention(
     highest score and its own block up to its position, ``(top_k + 1) * block_size`` keys
     instead of Lk. ``block_scores`` [B, 1|Hkv, Lq, Lk / block_size] are the caller's (one
     selection per batch row, or per KV group); without them each block is scored by its
-    mean key against the sum of its group's queries. No mask or k_shared with it.
+    mean key against the sum of its group's queries. It takes no mask; a split key
+    (``k_shared``) is read at each selected key like the dense one.
     """
     scale, softcap = _real("scale", scale), _real("softcap", softcap)
     dev = resolve_device(device)  # a bad device= is refused before any work
@@ -158,20 +159,24 @@ def _block_sparse(q: object, k: object, v: object, mask: object, scale: float | 
                   positions: object) -> np.ndarray:
     """``attention``'s block-sparse form (its docstring); the positions are checked at bind
     against their declared range (``SlotRangeError`` naming ``positions``)."""
-    if mask is not None or k_shared is not None:
-        raise InvalidArgument("mask" if mask is not None else "k_shared",
-                              "None with block_size/top_k (block-sparse takes no mask "
-                              "and no split key)", "an array")
+    if mask is not None:
+        raise InvalidArgument("mask", "None with block_size/top_k (block-sparse attention "
+                              "takes no mask)", "an array")
     bs, top = _count("block_size", block_size), _count("top_k", top_k)
     q, k, v = _as_f32("q", q), _as_float("k", k), _as_float("v", v)
-    kv = _kv_dtype(k, v)
+    ks = None if k_shared is None else _as_float("k_shared", k_shared)
+    kv = _kv_dtype(k, v, ks)
     if kv is F32:
         k, v = storage_values(k, F32), storage_values(v, F32)
-    check_attention(q.shape, k.shape, v.shape, softcap=softcap)
+        ks = None if ks is None else storage_values(ks, F32)
+    ks_shape = None if ks is None else ks.shape
+    check_attention(q.shape, k.shape, v.shape, softcap=softcap, k_shared=ks_shape)
     b, lq, lk = q.shape[0], q.shape[2], k.shape[2]
     if lk % bs:
         raise InvalidArgument("block_size", f"a divisor of the key length Lk={lk}", bs)
     values = {"q": q, "k": k, "v": v}
+    if ks is not None:
+        values["k_shared"] = ks
     if positions is not None and lengths is not None:
         raise InvalidArgument("lengths", "None when positions are given (the positions say "
                               "which keys each row sees)", "an array")
@@ -194,10 +199,11 @@ def _block_sparse(q: object, k: object, v: object, mask: object, scale: float | 
         sshape = sc.shape
     shapes = (q.shape, k.shape, v.shape)
     with held_replay(
-        ("attention_block_sparse", *shapes, sshape, bs, top, scale, softcap, kv,
+        ("attention_block_sparse", *shapes, ks_shape, sshape, bs, top, scale, softcap, kv,
          current_forced()),
         lambda: trace_block_sparse(*shapes, block_size=bs, top_k=top, scores_shape=sshape,
-                                   scale=scale, softcap=softcap, kv_dtype=kv),
+                                   scale=scale, softcap=softcap, kv_dtype=kv,
+                                   k_shared_shape=ks_shape),
         dev,
     ) as rp:
         return rp.step(values)["out"]

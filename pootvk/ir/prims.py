@@ -143,7 +143,7 @@ TOPK = Prim("TopK", 1, k=int)
 BLOCK_TOPK = Prim("BlockTopK", 2, fused=True, block_size=int, top_k=int)
 #: SelectedAttention(q, k, v, ids, qpos): attention over each row's selected blocks and its
 #: own unfinished block, no mask operand (``ir.sparse_form``)
-SELECTED_ATTENTION = Prim("SelectedAttention", 5, fused=True, form=SelectedForm)
+SELECTED_ATTENTION = Prim("SelectedAttention", None, fused=True, form=SelectedForm)
 
 shape_rules: RuleTable[Prim, ShapeRule] = RuleTable(
     "shape", lambda p, why: ShapeError(f"{why} for primitive {p}")

@@ -38,7 +38,8 @@ from .dtypes import BF16, F16, F32, I32, DType
 
 Shape = tuple[int, ...]
 
-#: the roles of a SelectedAttention eqn's operands, in operand order
+#: the roles of a SelectedAttention eqn's operands, in operand order (a split key's
+#: ``k_shared`` last: ``SelectedForm.roles``)
 SELECTED_ROLES = ("q", "k", "v", "ids", "qpos")
 
 
@@ -53,10 +54,15 @@ class SelectedForm:
     softcap: float | None = None
     n_rep: int = 1
     kv_dtype: DType = F32
+    #: a split key's shared width s (latent attention): the last s key channels come from
+    #: ``k_shared`` [B, 1, Lk, s], read at the same key for every head (0: a dense key)
+    shared_width: int = 0
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
             raise ShapeError(f"block size must be >= 1, got {self.block_size}")
+        if self.shared_width < 0:
+            raise ShapeError(f"shared key width must be >= 0, got {self.shared_width}")
         if self.softcap is not None and not self.softcap > 0:
             raise ShapeError(f"softcap must be > 0, got {self.softcap}")
 
@@ -66,7 +72,14 @@ class SelectedForm:
             parts.append(f"softcap={self.softcap:.6g}")
         if self.kv_dtype is not F32:
             parts.append(f"kv={self.kv_dtype.value}")
+        if self.shared_width:
+            parts.append(f"keys=split[{self.shared_width}]")
         return " ".join(parts)
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """The operand roles in order: q, k, v, ids, qpos, then a split key's k_shared."""
+        return (*SELECTED_ROLES, *(("k_shared",) if self.shared_width else ()))
 
 
 def check_selection(scores: Shape, qpos: Shape, block_size: int, top_k: int) -> Shape:
@@ -90,18 +103,26 @@ def check_selected(
     """SelectedAttention's shape rule: q [B, Hq, Lq, Dk] f32, k [B, Hkv, Lk, Dk] and
     v [B, Hkv, Lk, Dv] stored as the form says, Lk a multiple of the block size, ids
     [B, Hs, Lq, K] i32 with Hs in {1, Hkv}, qpos [B, Lq] i32. Returns [B, Hq, Lq, Dv], F32."""
-    if len(shapes) != len(SELECTED_ROLES) or len(dtypes) != len(SELECTED_ROLES):
-        raise ShapeError(f"SelectedAttention takes {SELECTED_ROLES}, got {len(shapes)} operands")
-    q, k, v, ids, qpos = (tuple(s) for s in shapes)
-    dq, dk_, dv_, di, dp = dtypes
+    roles = form.roles
+    if len(shapes) != len(roles) or len(dtypes) != len(roles):
+        raise ShapeError(f"SelectedAttention {form.describe()} takes {roles}, got "
+                         f"{len(shapes)} operands")
+    q, k, v, ids, qpos = (tuple(s) for s in shapes[:5])
+    dq, dk_, dv_, di, dp = dtypes[:5]
+    sw = form.shared_width
     for name, s in (("q", q), ("k", k), ("v", v), ("ids", ids)):
         if len(s) != 4 or min(s) < 1:
             raise ShapeError(f"SelectedAttention {name} must be a non-empty rank-4 "
                              f"[B, H, L, D], got {s}")
     b, hq, lq, d = q
-    if k[0] != b or v[0] != b or k[3] != d or tuple(v[1:3]) != tuple(k[1:3]):
+    if k[0] != b or v[0] != b or k[3] + sw != d or tuple(v[1:3]) != tuple(k[1:3]):
         raise ShapeError(f"SelectedAttention q {q}, k {k}, v {v} do not fit "
-                         "[B, Hq, Lq, Dk], [B, Hkv, Lk, Dk], [B, Hkv, Lk, Dv]")
+                         f"[B, Hq, Lq, Dk], [B, Hkv, Lk, Dk - {sw}], [B, Hkv, Lk, Dv]")
+    if sw:
+        ks, dks = tuple(shapes[5]), dtypes[5]
+        if ks != (b, 1, k[2], sw) or dks is not form.kv_dtype:
+            raise ShapeError(f"k_shared {dks.value}{list(ks)} is not "
+                             f"{form.kv_dtype.value}[{b}, 1, {k[2]}, {sw}]")
     hkv, lk = k[1], k[2]
     if hq != hkv * form.n_rep:
         raise ShapeError(f"Hq={hq} is not Hkv={hkv} * n_rep={form.n_rep}")

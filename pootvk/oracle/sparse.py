@@ -54,5 +54,5 @@ def _selected_attention(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
     from ..ops.sparse import selected_attention
 
     f = p["form"]
-    return _run_chain(lambda b, q, k, v, ids, qp: selected_attention(
-        b, q, k, v, ids, qp, f.block_size, f.scale, f.softcap), xs)
+    return _run_chain(lambda b, q, k, v, ids, qp, *ks: selected_attention(
+        b, q, k, v, ids, qp, f.block_size, f.scale, f.softcap, *ks), xs)

@@ -137,9 +137,16 @@ def _block_topk(w: _Walk, e: Eqn) -> Eqn | None:
                Params(block_size=int(bs), top_k=top.params["k"]))
 
 
-def _gathered(w: _Walk, x: Var | None) -> Var | None:
-    """The [B, Hkv, Lk, D] operand of ``Select(keep, [Convert](Gather(Reshape(x), rows)), 0)``."""
-    return w.arg(w.arg(_unconvert(w, w.arg(x, P.SELECT, 1)), P.GATHER), P.RESHAPE)
+def _gathered(w: _Walk, x: Var | None) -> tuple[Var | None, Var | None]:
+    """The [B, Hkv, Lk, D] operand of ``Select(keep, [Convert](Gather(Reshape(x), rows)), 0)``
+    and None; or, for a split key's ``Concat(Gather(..k..), Broadcast(Gather(..k_shared..)))``
+    under the same Select, k and k_shared."""
+    y = _unconvert(w, w.arg(x, P.SELECT, 1))
+    cat = w.eqn(y, P.CONCAT, axis=4)
+    if cat is not None and len(cat.inputs) == 2:
+        shared = w.arg(w.arg(w.arg(cat.inputs[1], P.BROADCAST), P.GATHER), P.RESHAPE)
+        return w.arg(w.arg(cat.inputs[0], P.GATHER), P.RESHAPE), shared
+    return w.arg(w.arg(y, P.GATHER), P.RESHAPE), None
 
 
 def _unconvert(w: _Walk, y: Var | None) -> Var | None:
@@ -157,7 +164,7 @@ def _selected_attention(w: _Walk, e: Eqn, ranges: dict) -> Eqn | None:
     if not mm or mm.out.ndim != 5:
         return None
     probs, vsel = mm.inputs
-    v = _gathered(w, vsel)
+    v, _ = _gathered(w, vsel)
     ex = w.arg(probs, P.DIV)
     s = w.arg(w.arg(w.arg(ex, P.UNARY, op=UnaryOp.EXP), P.SUB), P.SELECT, 1)
     softcap = None
@@ -170,7 +177,7 @@ def _selected_attention(w: _Walk, e: Eqn, ranges: dict) -> Eqn | None:
     if not qk or v is None or _lit(smul.inputs[1]) is None:
         return None
     q = w.arg(w.arg(qk.inputs[0], P.TRANSPOSE), P.RESHAPE)
-    k = _gathered(w, w.arg(qk.inputs[1], P.TRANSPOSE))
+    k, k_shared = _gathered(w, w.arg(qk.inputs[1], P.TRANSPOSE))
     gat = w.eqn(_unconvert(w, w.arg(vsel, P.SELECT, 1)), P.GATHER)
     rows = gat and w.eqn(gat.inputs[1], P.ADD)
     pos = rows and w.arg(w.arg(rows.inputs[1], P.MAX), P.MIN)
@@ -184,10 +191,11 @@ def _selected_attention(w: _Walk, e: Eqn, ranges: dict) -> Eqn | None:
             or bs != int(bs) or bs < 1:
         return None
     scale = _lit(smul.inputs[1])
+    ops = [q, k, v, ids, qpos, *(() if k_shared is None else (k_shared,))]
     try:
         tmpl, out, leaves = _template(
-            lambda b, *xs: selected_attention(b, *xs, int(bs), scale, softcap),
-            [q, k, v, ids, qpos])
+            lambda b, *xs: selected_attention(b, *xs[:5], int(bs), scale, softcap, *xs[5:]),
+            ops)
     except PootvkError:
         return None
     if not same_chain(w, e.out, tmpl, out, leaves):
@@ -200,12 +208,13 @@ def _selected_attention(w: _Walk, e: Eqn, ranges: dict) -> Eqn | None:
             not 0 <= rng[0] <= rng[1] <= lk - 1:
         return None
     form = SelectedForm(scale=float(scale), block_size=int(bs), softcap=softcap,
-                        n_rep=q.shape[1] // k.shape[1], kv_dtype=k.dtype)
+                        n_rep=q.shape[1] // k.shape[1], kv_dtype=k.dtype,
+                        shared_width=0 if k_shared is None else k_shared.shape[3])
     try:
-        new_eqn(P.SELECTED_ATTENTION, [q, k, v, ids, qpos], form=form)
+        new_eqn(P.SELECTED_ATTENTION, ops, form=form)
     except PootvkError:
         return None
-    return Eqn(P.SELECTED_ATTENTION, (q, k, v, ids, qpos), e.outputs, Params(form=form))
+    return Eqn(P.SELECTED_ATTENTION, tuple(ops), e.outputs, Params(form=form))
 
 
 def selection(g: Graph) -> Graph:

@@ -20,8 +20,8 @@ Selected keys (SelectedAttention, ``select_block`` = bs > 0) are a live-length a
 a logical key range: a row's valid selected blocks then its own block, read through a block
 table in workgroup memory (``DecodeRequest.select_block``). The split count and chunks are
 chosen for the logical length ``(K + 1) * bs`` (``keys``), not Lk; with Lq > 1 each
-workgroup serves one query row (its own table). No mask, live length, paged or split key,
-and never the matrix kernel.
+workgroup serves one query row (its own table). A split key's shared part is read at the
+same physical key. No mask, live length or paged key, and never the matrix kernel.
 
 Nothing here knows GLSL or Vulkan: the chooser reads shapes and a ``DeviceProfile`` and
 returns a frozen, hashable request (the pipeline-cache key); ``pootvk.shaders.
@@ -430,18 +430,17 @@ class DecodeCombineRequest:
 
 
 def check_selected_mode(x: DecodeProblem | DecodeRequest, who: str) -> None:
-    """A selected (SelectedAttention) problem or request: dense K/V (no paged or split
-    key) of a length that is whole blocks, no mask and no live length (the selected blocks
-    and the query positions take their place), K >= 1 and Hs in {1, Hkv}."""
+    """A selected (SelectedAttention) problem or request: dense or split K/V (not paged) of
+    a length that is whole blocks, no mask and no live length (the selected blocks and the
+    query positions take their place), K >= 1 and Hs in {1, Hkv}."""
     if x.select_block < 1 or x.select_k < 1 or x.select_heads not in (1, x.hkv):
         raise ShapeError(f"{who}: selected block size {x.select_block}, K={x.select_k}, "
                          f"Hs={x.select_heads} (need bs >= 1, K >= 1, Hs in {{1, {x.hkv}}})")
     if x.lk % x.select_block:
         raise ShapeError(f"{who}: key length {x.lk} is not a multiple of the block size "
                          f"{x.select_block}")
-    if x.mask is not None or x.live_len or x.pool_slots or x.dk_shared:
-        raise ShapeError(f"{who}: selected keys take no mask, live length, paged or split "
-                         "key")
+    if x.mask is not None or x.live_len or x.pool_slots:
+        raise ShapeError(f"{who}: selected keys take no mask, live length or paged key")
 
 
 def select_table_bytes(select_k: int) -> int:

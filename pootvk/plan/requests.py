@@ -70,11 +70,11 @@ class AttentionRequest:
         if self.select_block and (
                 self.select_k < 1 or self.select_heads not in (1, self.hkv)
                 or self.lk % self.select_block or self.mask is not None or self.live
-                or self.pool_slots or self.dk_shared):
+                or self.pool_slots):
             raise ShapeError(f"attention: selected keys (bs={self.select_block}, "
                              f"K={self.select_k}, Hs={self.select_heads}) need K >= 1, Hs in "
                              f"{{1, {self.hkv}}}, Lk={self.lk} whole blocks, and no mask, "
-                             "live length, paged or split key")
+                             "live length or paged key")
 
     @property
     def paged(self) -> bool:

@@ -23,7 +23,7 @@ from __future__ import annotations
 from ..errors import AttentionLds, DtypeLowering
 from ..ir import F32, Eqn
 from ..ir import prims as P
-from ..ir.sparse_form import SELECTED_ROLES, SelectedForm
+from ..ir.sparse_form import SelectedForm
 from .decode_schedule import DecodeProblem, DecodeRequest
 from .profile import DeviceProfile
 from .requests import AttentionRequest, fold_grid
@@ -35,13 +35,13 @@ def selected_problem(e: Eqn) -> DecodeProblem:
     """The eqn's shapes, score transform and selection as a decode problem (selected mode:
     ``select_block`` = bs, ``select_k`` = K, ``select_heads`` = Hs)."""
     form: SelectedForm = e.params["form"]
-    q, k, v, ids, _qpos = e.inputs
+    q, k, v, ids, _qpos = e.inputs[:5]
     b, hq, lq, dk = q.shape
     return DecodeProblem(
         b=b, hq=hq, hkv=k.shape[1], lq=lq, lk=k.shape[2], dk=dk, dv=v.shape[3],
         scale=float(form.scale), softcap=None if form.softcap is None else float(form.softcap),
         kv_dtype=form.kv_dtype.value, select_block=form.block_size, select_k=ids.shape[3],
-        select_heads=ids.shape[1],
+        select_heads=ids.shape[1], dk_shared=form.shared_width,
     )
 
 
@@ -57,10 +57,11 @@ def selected_streaming(e: Eqn, profile: DeviceProfile) -> AttentionRequest:
         return AttentionRequest(
             b=p.b, hq=p.hq, hkv=p.hkv, lq=p.lq, lk=p.lk, dk=p.dk, dv=p.dv, scale=p.scale,
             softcap=p.softcap, mask=None, lanes=lanes,
-            vec=4 if p.dk % 4 == 0 and p.dv % 4 == 0 else 1,
+            vec=4 if all(w % 4 == 0 for w in (*p.key_widths, p.dv)) else 1,
             grid=fold_grid(p.b * p.hq * p.lq, profile.max_grid),
             keys_per_step=2 if profile.device_type == "cpu" else 4,
             select_block=p.select_block, select_k=p.select_k, select_heads=p.select_heads,
+            dk_shared=p.dk_shared,
         )
 
     r = request(lanes)
@@ -85,7 +86,8 @@ def _selected_attention(e: Eqn, ctx: PlanContext) -> RuleResult:
     """One kernel (grouped unsplit, grouped with the fused combine, or streaming), or the
     grouped partials and a combine launch; split partials are declared scratch, a fused
     combine's arrival counters persistent zeroed scratch (as the Attention rule's).
-    Operands are bound by role name (``SELECTED_ROLES``)."""
+    Operands are bound by role name (``SelectedForm.roles``)."""
     req = selected_schedule(e, ctx.profile)
-    return attention_calls(req, dict(zip(SELECTED_ROLES, e.inputs, strict=True)), e.out,
+    roles = e.params["form"].roles
+    return attention_calls(req, dict(zip(roles, e.inputs, strict=True)), e.out,
                            "selected_attention")

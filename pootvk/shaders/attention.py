@@ -140,8 +140,9 @@ def online_update(r: AttentionRequest) -> str:
             body.append(f"        uint kb{j} = kr{j} * DKN;")
         else:
             body.append(f"        uint kb{j} = (kbase + t{j}) * DKN;")
-        if r.dk_shared:
-            body.append(f"        uint k_sharedb{j} = (ksbase + t{j}) * DKS;")
+        if r.dk_shared:  # the batch row's shared key part, at the same physical key
+            row = f"sel_row(t{j})" if r.select_block else f"t{j}"
+            body.append(f"        uint k_sharedb{j} = (ksbase + {row}) * DKS;")
         body.append(f"        float s{j} = 0.0;")
     # the key's own channels from k, then (split key) the shared ones from k_shared: the
     # broadcast key is never built

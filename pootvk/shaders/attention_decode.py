@@ -259,8 +259,11 @@ def generate_decode_partial(r: DecodeRequest) -> str:
                 emit(f"uint vb{j} = {row} * {r.dv // E}u + li;", ind)
                 continue
             if r.select_block:  # a selected key: its physical row through the block table
-                emit(f"uint kr{j} = kvrow + sel_row({src}{j});", ind)
-                emit(f"uint kb{j} = kr{j} * {r.dk // E}u + li;", ind)
+                emit(f"uint ks{j} = sel_row({src}{j});", ind)
+                emit(f"uint kr{j} = kvrow + ks{j};", ind)
+                emit(f"uint kb{j} = kr{j} * {(r.dk - r.dk_shared) // E}u + li;", ind)
+                if UKS:  # the batch row's shared key part of the same physical key
+                    emit(f"uint ksb{j} = (ksrow + ks{j}) * {r.dk_shared // E}u + li;", ind)
                 emit(f"uint vb{j} = kr{j} * {r.dv // E}u + li;", ind)
                 continue
             emit(f"uint kb{j} = (kvrow + {src}{j}) * {(r.dk - r.dk_shared) // E}u + li;", ind)

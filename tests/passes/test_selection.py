@@ -163,3 +163,24 @@ def test_shape_rules_refuse_with_the_numbers():
         selected_attention(bb, q, k3, k3, bad, qp, 16)
     with pytest.raises(ShapeError, match="multiple of the block size 48"):
         attention_block_sparse(bb, q, k3, k3, qp, block_size=48, top_k=1)
+
+
+@pytest.mark.parametrize("scores", [True, False])
+def test_split_key_forms_selected_attention_with_k_shared(scores):
+    """Latent attention's split key (k + k_shared, ``ops.split_key``'s semantics) made
+    block-sparse: SelectedAttention takes k_shared as its sixth operand; with the in-graph
+    indexer the shared channels score too. Same answer as the chain, bit for bit."""
+    from pootvk.ops import trace_block_sparse
+
+    b, hq, dn, s, dv, lk, bs = 2, 4, 24, 8, 16, 256, 16
+    g = trace_block_sparse((b, hq, 1, dn + s), (b, 1, lk, dn), (b, 1, lk, dv), block_size=bs,
+                           top_k=3, scores_shape=(b, 1, 1, lk // bs) if scores else None,
+                           kv_dtype=F16, k_shared_shape=(b, 1, lk, s))
+    c = compile_graph(g)
+    (att,) = [e for e in c.eqns if e.prim is P.SELECTED_ATTENTION]
+    assert len(att.inputs) == 6 and att.params["form"].shared_width == s
+    assert "keys=split[8]" in str(c)
+    rng = np.random.default_rng(8)
+    x = _inputs(g, rng, [])
+    x["positions"] = np.array([[200], [5]], np.int32)  # the API's name for the positions
+    np.testing.assert_array_equal(evaluate(c, x)["out"], evaluate(g, x)["out"])

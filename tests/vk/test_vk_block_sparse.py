@@ -19,6 +19,7 @@ from pootvk.errors import (
     DtypeLowering,
     GuardFailed,
     InvalidArgument,
+    ShapeError,
     SlotRangeError,
 )
 from pootvk.ir import F16, F32, I32, check_graph
@@ -133,6 +134,9 @@ def test_public_api_refusals(device):
     with pytest.raises(InvalidArgument, match="mask"):
         pootvk.attention(q, k, k, mask=np.zeros((1, 1, 1, 64), np.float32), block_size=16,
                          top_k=1, device=device)
+    with pytest.raises(ShapeError, match="shared key width"):
+        pootvk.attention(q, k, k, k_shared=np.zeros((1, 1, 64, 3), np.float32),
+                         block_size=16, top_k=1, device=device)
     with pytest.raises(BindError, match="block_scores"):
         pootvk.attention(q, k, k, block_size=16, top_k=1, device=device,
                          block_scores=np.zeros((1, 2, 1, 3), np.float32))
@@ -207,3 +211,43 @@ def test_public_block_sparse_sweep(device, b, n_rep, hkv, lq, bs, blocks, top_k,
         got = pootvk.attention(q, k, v, block_size=bs, top_k=top_k, block_scores=sc,
                                positions=pos, softcap=softcap, device=device)
     assert_close(got, ref)
+
+
+@pytest.mark.parametrize("schedule", sorted(SPARSE_SCHEDULES))
+@pytest.mark.parametrize("kv", ["f32", "f16"])
+def test_split_key_block_sparse(device, schedule, kv):
+    """Latent attention (a split key: k's own channels + k_shared, one row per key for
+    every head) made block-sparse: fused into SelectedAttention with its k_shared operand,
+    against the float64 reference over the concatenated key, on every schedule."""
+    rng = np.random.default_rng(21)
+    b, hq, hkv, dn, s, dv, lk, bs, top = 2, 8, 1, 32, 16, 24, 512, 32, 3
+    q = rng.standard_normal((b, hq, 1, dn + s), dtype=np.float32)
+    k = rng.standard_normal((b, hkv, lk, dn), dtype=np.float32)
+    ks = rng.standard_normal((b, 1, lk, s), dtype=np.float32)
+    v = rng.standard_normal((b, hkv, lk, dv), dtype=np.float32)
+    if kv == "f16":
+        k, ks, v = k.astype(np.float16), ks.astype(np.float16), v.astype(np.float16)
+    sc = rng.standard_normal((b, 1, 1, lk // bs)).astype(np.float32)
+    pos = np.array([[lk - 1], [40]], np.int32)
+    whole = np.concatenate([k.astype(np.float32), np.broadcast_to(
+        ks.astype(np.float32), (b, hkv, lk, s))], axis=-1)
+    ref = ref_attend(q, whole, v.astype(np.float32), ref_select(sc, pos, bs, top), pos, bs,
+                     (dn + s) ** -0.5)
+    with forced_schedule(**SPARSE_SCHEDULES[schedule]):
+        if kv != "f32" and schedule == "streaming":
+            with pytest.raises(DtypeLowering):
+                pootvk.attention(q, k, v, k_shared=ks, block_size=bs, top_k=top,
+                                 block_scores=sc, positions=pos, device=device)
+            return
+        got = pootvk.attention(q, k, v, k_shared=ks, block_size=bs, top_k=top,
+                               block_scores=sc, positions=pos, device=device)
+    assert_close(got, ref)
+    # a NaN in a key no row visits (an unselected block's shared part) changes nothing
+    ks2 = ks.copy()
+    picked = set(ref_select(sc, pos, bs, top).ravel().tolist()) | {int(p) // bs for p in pos[:, 0]}
+    free = next(j for j in range(lk // bs) if j not in picked)
+    ks2[:, :, free * bs] = np.nan
+    with forced_schedule(**SPARSE_SCHEDULES[schedule]):
+        np.testing.assert_array_equal(
+            pootvk.attention(q, k, v, k_shared=ks2, block_size=bs, top_k=top,
+                             block_scores=sc, positions=pos, device=device), got)

@@ -264,7 +264,8 @@ def test_check_request_refuses_other_key_forms():
     r = choose_decode_schedule(_problem(), recorded_profile("lavapipe"),
                                has_subgroup_shuffle=True)
     check_request(r)
-    for bad in (dict(matrix=16), dict(pool_slots=8), dict(dk_shared=64), dict(live_len=True),
+    check_request(replace(r, dk_shared=64))  # a split key is read through the table too
+    for bad in (dict(matrix=16), dict(pool_slots=8), dict(live_len=True),
                 dict(mask=(1, 1, 1)), dict(select_heads=3), dict(select_k=0),
                 dict(lq=2, hq=8, hkv=2, select_heads=2, rows_per_wg=2)):
         with pytest.raises(ShapeError):
