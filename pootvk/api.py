@@ -59,6 +59,19 @@ def _lengths(x: object, batch: int) -> np.ndarray:
     return a.astype(np.int32)
 
 
+def _operands(q: object, k: object, v: object, k_shared: object
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, DType]:
+    """q as F32; k, v (and a split key's k_shared) in their storage dtype (16-bit kept,
+    other floats F32), and that dtype."""
+    q, k, v = _as_f32("q", q), _as_float("k", k), _as_float("v", v)
+    ks = None if k_shared is None else _as_float("k_shared", k_shared)
+    kv = _kv_dtype(k, v, ks)
+    if kv is F32:
+        k, v = storage_values(k, F32), storage_values(v, F32)
+        ks = None if ks is None else storage_values(ks, F32)
+    return q, k, v, ks, kv
+
+
 def _real(name: str, x: object) -> float | None:
     """None, or a finite real number as a Python float (np.float32 and ints welcome)."""
     if x is None:
@@ -103,11 +116,11 @@ def attention(
     blocks of ``block_size`` (Lk a multiple of it); query row (b, l) at position
     ``positions[b, l]`` (ints [B, Lq] in [0, Lk - 1], else SlotRangeError; by default the
     last Lq positions of ``lengths[b]`` or of Lk: ``len - Lq + l``) attends to the ``top_k``
-    complete blocks of
-    highest score and its own block up to its position, ``(top_k + 1) * block_size`` keys
-    instead of Lk. ``block_scores`` [B, 1|Hkv, Lq, Lk / block_size] are the caller's (one
-    selection per batch row, or per KV group); without them each block is scored by its
-    mean key against the sum of its group's queries. It takes no mask; a split key
+    complete blocks of highest score and its own block up to its position,
+    ``(top_k + 1) * block_size`` keys instead of Lk. ``block_scores``
+    [B, 1|Hkv, Lq, Lk / block_size] are the caller's (one selection per batch row, or per KV
+    group); without them each block is scored by its mean key against the sum of its
+    group's queries. It takes no mask; a split key
     (``k_shared``) is read at each selected key like the dense one.
     """
     scale, softcap = _real("scale", scale), _real("softcap", softcap)
@@ -118,12 +131,7 @@ def attention(
     for name, x in (("block_scores", block_scores), ("positions", positions)):
         if x is not None:
             raise InvalidArgument(name, "None unless block_size and top_k are given", "an array")
-    q, k, v = _as_f32("q", q), _as_float("k", k), _as_float("v", v)
-    ks = None if k_shared is None else _as_float("k_shared", k_shared)
-    kv = _kv_dtype(k, v, ks)
-    if kv is F32:
-        k, v = storage_values(k, F32), storage_values(v, F32)
-        ks = None if ks is None else storage_values(ks, F32)
+    q, k, v, ks, kv = _operands(q, k, v, k_shared)
     values = {"q": q, "k": k, "v": v}
     if mask is not None:
         values["mask"] = _as_f32("mask", mask)
@@ -163,12 +171,7 @@ def _block_sparse(q: object, k: object, v: object, mask: object, scale: float | 
         raise InvalidArgument("mask", "None with block_size/top_k (block-sparse attention "
                               "takes no mask)", "an array")
     bs, top = _count("block_size", block_size), _count("top_k", top_k)
-    q, k, v = _as_f32("q", q), _as_float("k", k), _as_float("v", v)
-    ks = None if k_shared is None else _as_float("k_shared", k_shared)
-    kv = _kv_dtype(k, v, ks)
-    if kv is F32:
-        k, v = storage_values(k, F32), storage_values(v, F32)
-        ks = None if ks is None else storage_values(ks, F32)
+    q, k, v, ks, kv = _operands(q, k, v, k_shared)
     ks_shape = None if ks is None else ks.shape
     check_attention(q.shape, k.shape, v.shape, softcap=softcap, k_shared=ks_shape)
     b, lq, lk = q.shape[0], q.shape[2], k.shape[2]
