@@ -323,12 +323,12 @@ class DecodeRequest(_GroupShape):
     @property
     def shared_bytes(self) -> int:
         fused = self.splits if self.splits > 1 and self.fused_combine else 0
+        table = select_table_bytes(self.select_k if self.select_block else -1)
         if self.matrix:
             return staged_shared_bytes(self.local_size // 32, self.tile, self.dk, self.dv,
-                                       self.rows_per_wg, fused)
+                                       self.rows_per_wg, fused) + table
         return decode_shared_bytes(self.local_size, self.lanes_per_key, self.keys_per_iter,
-                                   self.rows_per_wg, self.dv, self.subgroup, fused) + \
-            select_table_bytes(self.select_k if self.select_block else -1)
+                                   self.rows_per_wg, self.dv, self.subgroup, fused) + table
 
     @property
     def paged(self) -> bool:
@@ -831,8 +831,6 @@ def check_request(r: DecodeRequest) -> None:
         return ShapeError(f"decode schedule: {why}: {r.describe()}")
 
     if r.select_block:
-        if r.matrix:
-            raise bad("the matrix kernel does not serve selected keys")
         check_selected_mode(r, "decode schedule")
         if r.lq > 1 and r.rows_per_wg != 1:
             raise bad("selected keys with Lq > 1 take one query row a workgroup (each row "
@@ -936,7 +934,7 @@ def matrix_supported(p: DecodeProblem, profile: DeviceProfile, has_subgroup_shuf
     return (lists_coopmat(profile) and profile.subgroup_size == 32
             and has_subgroup_shuffle and bool(ex.get("shader_float16"))
             and bool(ex.get("storage_buffer_16bit")) and p.kv_dtype == "f16"
-            and not p.pool_slots and not p.select_block
+            and not p.pool_slots and not (p.select_block and p.lq > 1)
             and all(w % 16 == 0 for w in (*p.key_widths, p.dv)))
 
 
@@ -951,7 +949,7 @@ def _one_wave_splits(p: DecodeProblem, profile: DeviceProfile, blocks: int,
     base = p.b * p.hkv * blocks
     if p.lq > 1 or not cu or profile.device_type == "cpu" or base >= cu:
         return None
-    splits = min(MAX_SPLITS_FEW, -(-cu // base), max(1, p.lk // MIN_CHUNK))
+    splits = min(MAX_SPLITS_FEW, -(-cu // base), max(1, p.keys // MIN_CHUNK))
     return splits if splits > 1 else None
 
 
@@ -1004,7 +1002,8 @@ def _choose_matrix(p: DecodeProblem, profile: DeviceProfile, force_splits: int |
         combine_grid=fold_grid(-(-out_rows * p.dv // COMBINE_LOCAL), profile.max_grid),
         prefetch=prefetch, fused_combine=fused, dk_shared=p.dk_shared, min_chunk=min_chunk,
         matrix=MATRIX, q_split=bool(q_split), prefetch_steps=steps if prefetch else 1,
-        score_accumulators=nacc,
+        score_accumulators=nacc, select_block=p.select_block, select_k=p.select_k,
+        select_heads=p.select_heads,
     )
     if r.fused_combine and r.splits > 1 and r.shared_bytes > profile.max_workgroup_memory:
         r = replace(r, fused_combine=False, min_chunk=0)

@@ -46,6 +46,7 @@ from .attention_decode import (
     emit_chunk_prologue,
     emit_fused_combine,
     mask_row,
+    select_shared,
 )
 from .common import float_lit
 
@@ -104,6 +105,8 @@ def generate_decode_staged(r: DecodeRequest) -> str:
               f"shared float sAl[{16 * RT}];", f"shared float sM[{16 * RT}];",
               f"shared float sL[{16 * RT}];",
               "shared uvec4 s_last4;", "#define s_last s_last4.x"]
+    if r.select_block:  # the row's block table (attention_decode.select_shared)
+        shared += select_shared(r.select_block, r.select_k)
     if fused:
         shared += [f"shared float s_cw[{_x4(R * r.splits)}];",
                    f"shared float s_cl[{_x4(R * r.splits)}];", f"shared float s_cden[{_x4(R)}];"]
@@ -120,7 +123,10 @@ def generate_decode_staged(r: DecodeRequest) -> str:
     emit("uint kvrow = bg * LK_CAP;  // first key row of this KV head")
     if DS:
         emit("uint ksrow = b * LK_CAP;  // first k_shared row of this batch row")
-    emit("uint TMAX = max(LK_CAP, 1u) - 1u;  // reads clamp to the last key")
+    if r.select_block:  # logical keys: clamped to the row's last, read through its table
+        emit("uint TMAX = max(LK, 1u) - 1u;  // reads clamp to the row's last selected key")
+    else:
+        emit("uint TMAX = max(LK_CAP, 1u) - 1u;  // reads clamp to the last key")
 
     # --- the K/V copy: streams of 16-byte words, TILE rows each -----------------------------
     streams = [("k", "kvrow", DKN // 8, "sK", KS, 0)]
@@ -141,7 +147,8 @@ def generate_decode_staged(r: DecodeRequest) -> str:
             var = f"w{ws}{name}{i}"
             if decl:
                 emit(f"uvec4 {var} = uvec4(0u);", ind)
-            row = f"{base} + min({tbase} + x / {wpr}u, TMAX)"
+            key = f"min({tbase} + x / {wpr}u, TMAX)"
+            row = f"{base} + " + (f"sel_row({key})" if r.select_block else key)
             emit(f"{guard(wpr, i)}{{ uint x = lane + {i * WG}u; "
                  f"{var} = {name}[({row}) * {wpr}u + x % {wpr}u]; }}", ind)
 

@@ -251,3 +251,38 @@ def test_split_key_block_sparse(device, schedule, kv):
         np.testing.assert_array_equal(
             pootvk.attention(q, k, v, k_shared=ks2, block_size=bs, top_k=top,
                              block_scores=sc, positions=pos, device=device), got)
+
+
+@pytest.mark.parametrize(("shape", "bs", "top", "splits"), [
+    ((1, 32, 1, 64, 0, 64, 4096), 64, 4, None),  # b, hq, hkv, dk, s, dv, lk
+    ((2, 16, 2, 128, 0, 64, 2048), 16, 16, 3),
+    ((1, 128, 1, 576, 64, 512, 8192), 64, 16, None),  # DeepSeek's MLA decode shape
+    ((1, 24, 1, 96, 32, 64, 1024), 32, 1, 1),
+], ids=str)
+def test_tensor_core_selected_kernel(device, shape, bs, top, splits):
+    """The staged cooperative-matrix kernel in its selected mode (tile rows read through
+    the block table), forced, against the float64 reference; skipped where the device
+    lists no 16x16x16 f16 cooperative matrix (lavapipe)."""
+    from pootvk.plan.decode_schedule import DecodeProblem, matrix_supported
+
+    b, hq, hkv, dk, s, dv, lk = shape
+    probe = DecodeProblem(b=1, hq=4, hkv=1, lq=1, lk=128, dk=64, dv=64, scale=0.1,
+                          kv_dtype="f16")
+    if not matrix_supported(probe, device.profile, device.profile.subgroup_shuffle):
+        pytest.skip(f"{device.name} lists no 16x16x16 f16 cooperative matrix")
+    rng = np.random.default_rng(lk + bs)
+    q = rng.standard_normal((b, hq, 1, dk), dtype=np.float32)
+    k = rng.standard_normal((b, hkv, lk, dk - s)).astype(np.float16)
+    ks = rng.standard_normal((b, 1, lk, s)).astype(np.float16) if s else None
+    v = rng.standard_normal((b, hkv, lk, dv)).astype(np.float16)
+    sc = rng.standard_normal((b, hkv, 1, lk // bs)).astype(np.float32)
+    pos = np.array([[lk - 1 - int(rng.integers(0, bs))] for _ in range(b)], np.int32)
+    pos[0, 0] = min(pos[0, 0], bs * (top // 2) + 3)  # fewer complete blocks than top_k
+    whole = k.astype(np.float32) if ks is None else np.concatenate(
+        [k.astype(np.float32), np.broadcast_to(ks.astype(np.float32), (b, hkv, lk, s))], -1)
+    ref = ref_attend(q, whole, v.astype(np.float32), ref_select(sc, pos, bs, top), pos, bs,
+                     dk ** -0.5)
+    with forced_schedule(schedule="grouped", splits=splits, matrix=16):
+        got = pootvk.attention(q, k, v, k_shared=ks, block_size=bs, top_k=top,
+                               block_scores=sc, positions=pos, device=device)
+    assert_close(got, ref)

@@ -38,6 +38,7 @@ from pootvk.plan.decode_schedule import (
     check_request,
     choose_decode_schedule,
     chunk_for,
+    matrix_supported,
 )
 from pootvk.runtime import build_replay
 from pootvk.shaders.compiler import compile_glsl
@@ -238,26 +239,26 @@ def test_split_count_follows_the_logical_length():
     assert not sel.matrix
 
 
-def test_the_planner_never_picks_the_matrix_kernel():
-    """The H200 plans the tensor-core kernel for this shape's dense Attention; never for
-    SelectedAttention, and forcing it is a typed refusal."""
+def test_the_planner_picks_the_matrix_kernel_for_a_wide_decode_only():
+    """The H200 plans the tensor-core kernel for a wide group's selected decode as for its
+    dense Attention (the staged copy reads each tile row through the block table); never at
+    Lq > 1, where each row has its own table."""
     prof = recorded_profile("nvidia_h200")
     wide = dict(hq=128, hkv=1, dk=128, dv=128, select_heads=1)
     dense = choose_decode_schedule(_problem(select_block=0, select_k=0, select_heads=0,
                                             **{k: v for k, v in wide.items()
                                                if k != "select_heads"}),
                                    prof, has_subgroup_shuffle=True)
-    assert dense.matrix  # the shape the matrix kernel would serve
-    assert not choose_decode_schedule(_problem(**wide), prof, has_subgroup_shuffle=True).matrix
-    with pytest.raises(ShapeError, match="matrix"):
-        choose_decode_schedule(_problem(**wide), prof, has_subgroup_shuffle=True,
-                               overrides={"matrix": 16})
+    assert dense.matrix  # the shape the matrix kernel serves
+    sel = choose_decode_schedule(_problem(**wide), prof, has_subgroup_shuffle=True)
+    assert sel.matrix and sel.select_block == 64 and sel.keys == 17 * 64
+    check_request(sel)
+    assert not matrix_supported(_problem(**wide, lq=2), prof, True)
     g = selected_graph(1, 128, 1, 1, 4096, 128, 128, 1, 4,
                        SelectedForm(0.1, 64, n_rep=128, kv_dtype=F16))
     plan = plan_graph(g, prof)
-    assert all(not getattr(k.request, "matrix", 0) for k in plan.kernels)
     assert any(isinstance(k.request, DecodeRequest) and k.request.select_block == 64
-               for k in plan.kernels)
+               and k.request.matrix for k in plan.kernels)
 
 
 def test_check_request_refuses_other_key_forms():
@@ -265,7 +266,7 @@ def test_check_request_refuses_other_key_forms():
                                has_subgroup_shuffle=True)
     check_request(r)
     check_request(replace(r, dk_shared=64))  # a split key is read through the table too
-    for bad in (dict(matrix=16), dict(pool_slots=8), dict(live_len=True),
+    for bad in (dict(pool_slots=8), dict(live_len=True),
                 dict(mask=(1, 1, 1)), dict(select_heads=3), dict(select_k=0),
                 dict(lq=2, hq=8, hkv=2, select_heads=2, rows_per_wg=2)):
         with pytest.raises(ShapeError):
