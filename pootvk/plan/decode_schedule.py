@@ -21,7 +21,7 @@ a logical key range: a row's valid selected blocks then its own block, read thro
 table in workgroup memory (``DecodeRequest.select_block``). The split count and chunks are
 chosen for the logical length ``(K + 1) * bs`` (``keys``), not Lk; with Lq > 1 each
 workgroup serves one query row (its own table). A split key's shared part is read at the
-same physical key. No mask, live length or paged key, and never the matrix kernel.
+same physical key. No mask, live length or paged key; the matrix kernel at Lq == 1 only.
 
 Nothing here knows GLSL or Vulkan: the chooser reads shapes and a ``DeviceProfile`` and
 returns a frozen, hashable request (the pipeline-cache key); ``pootvk.shaders.

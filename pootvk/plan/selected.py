@@ -13,8 +13,8 @@ Schedules, as for Attention (``plan.schedule``): the grouped split-KV decode ker
 plans (one workgroup serves the ``n_rep`` query heads of a KV group, so the selected blocks
 are read once per group; with Lq > 1 one query row a workgroup, each row having its own
 table), its split count chosen for the logical length ``(K + 1) * bs``, not Lk; else the
-streaming kernel (one workgroup per (b, h, row), F32 K/V only). Never the tensor-core
-matrix kernel (``decode_schedule.matrix_supported`` refuses selected problems).
+streaming kernel (one workgroup per (b, h, row), F32 K/V only). The tensor-core kernel
+serves a selected decode (Lq == 1) where it would serve the dense one (wide groups, F16).
 ``forced_schedule`` forces either, like the Attention rule's.
 """
 
