@@ -80,6 +80,8 @@ from ..ir.prims import (
 )
 from .canonicalize import dead_code_elimination
 from .ranges import value_ranges
+from .walk import literal as _lit
+from .walk import producer_eqn
 
 
 @dataclass
@@ -93,17 +95,7 @@ class _Ctx:
 
 
 def _eq(ctx: _Ctx, v: Var, prim: Prim, **params: object) -> Eqn | None:
-    i = ctx.prod.get(v)
-    e = None if i is None else ctx.g.eqns[i]
-    if e is None or e.prim is not prim:
-        return None
-    if any(e.params.get(k) != want for k, want in params.items()):
-        return None
-    return e
-
-
-def _lit(v: Var) -> float | None:
-    return float(v.value) if isinstance(v, Literal) else None
+    return producer_eqn(ctx.g.eqns, ctx.prod, v, prim, **params)
 
 
 def _positions(ctx: _Ctx, v: Var, axis: int, lk: int) -> bool:

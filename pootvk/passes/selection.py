@@ -32,30 +32,25 @@ from ..ir import prims as P
 from ..ir.sparse_form import SelectedForm
 from .canonicalize import dead_code_elimination
 from .ranges import value_ranges
+from .walk import literal as _lit
+from .walk import producer_eqn
 
 
 class _Walk:
-    """Producers of a graph's values, and a one-step walk back through them."""
+    """Producers of a graph's values, and a one-step walk back through them. ``eqns`` is
+    the pass's working list: an eqn replaced in it keeps its outputs (and its index), so
+    the walk sees the replacement."""
 
-    def __init__(self, g: Graph, eqns: list[Eqn]) -> None:
+    def __init__(self, eqns: list[Eqn]) -> None:
         self.eqns = eqns
         self.prod = {o: i for i, e in enumerate(eqns) for o in e.outputs}
 
     def eqn(self, v: Var | None, prim: Prim, **params: object) -> Eqn | None:
-        i = None if v is None or isinstance(v, Literal) else self.prod.get(v)
-        e = None if i is None else self.eqns[i]
-        if e is None or e.prim is not prim or any(e.params.get(k) != w
-                                                  for k, w in params.items()):
-            return None
-        return e
+        return producer_eqn(self.eqns, self.prod, v, prim, **params)
 
     def arg(self, v: Var | None, prim: Prim, i: int = 0, **params: object) -> Var | None:
         e = self.eqn(v, prim, **params)
         return None if e is None or i >= len(e.inputs) else e.inputs[i]
-
-
-def _lit(v: Var | None) -> float | None:
-    return float(v.value) if isinstance(v, Literal) else None
 
 
 def _same_lit(a: Literal, b: Literal) -> bool:
@@ -222,12 +217,11 @@ def selection(g: Graph) -> Graph:
     if not any(e.prim is P.TOPK for e in g.eqns):
         return g
     eqns = list(g.eqns)
-    w = _Walk(g, eqns)
+    w = _Walk(eqns)
     for i, e in enumerate(eqns):
         f = _block_topk(w, e)
         if f is not None:
-            eqns[i] = f
-    w = _Walk(g, eqns)
+            eqns[i] = f  # same outputs, same index: the walk below sees BlockTopK
     ranges = value_ranges(g)
     for i, e in enumerate(eqns):
         f = _selected_attention(w, e, ranges) if e.prim is P.RESHAPE else None
