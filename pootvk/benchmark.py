@@ -32,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -238,6 +239,27 @@ def warm_for(fn, seconds: float) -> int:
             return n
 
 
+def _replayed(device: Device, dispatches: list[Dispatch], *, warm_s: float, reps: int,
+              after_warm: Callable[[], int | None], read: Callable[[Any], Any],
+              timestamps: Any, program_order: bool | None = None
+              ) -> tuple[list[Any], int | None, int]:
+    """Record ``dispatches`` once, run them back to back for ``warm_s`` s (the GPU clocks
+    up), call ``after_warm`` (the SM clock), then submit ``reps`` times: what ``read`` takes
+    from the recording after each submit, ``after_warm``'s answer and the barrier count."""
+    rec = Recorder(device).record(dispatches, timestamps=timestamps,
+                                  program_order=program_order)
+    try:
+        warm_for(lambda: rec.submit(wait=True), warm_s)
+        mhz = after_warm()
+        got = []
+        for _ in range(reps):
+            rec.submit(wait=True)
+            got.append(read(rec))
+        return got, mhz, rec.barriers
+    finally:
+        rec.destroy()
+
+
 def dispatch_runs(device: Device, dispatches: list[Dispatch], *, warm_s: float, reps: int,
                   clock: SmClock, what: str, out=None) -> tuple[list[list[int]] | None,
                                                                 int | None]:
@@ -245,20 +267,12 @@ def dispatch_runs(device: Device, dispatches: list[Dispatch], *, warm_s: float, 
     ``warm_s`` s (the GPU clocks up; the SM clock checked after, ``clock.check(what)``),
     then submit ``reps`` times: each submit's per-dispatch ns (None: no timestamps) and the
     SM MHz read after the warm-up."""
-    rec = Recorder(device).record(dispatches, timestamps=True)
-    try:
-        warm_for(lambda: rec.submit(wait=True), warm_s)
-        mhz = clock.check(what, out)
-        runs = []
-        for _ in range(reps):
-            rec.submit(wait=True)
-            times = rec.dispatch_times_ns()
-            if times is None:
-                return None, mhz
-            runs.append(list(times))
-        return runs, mhz
-    finally:
-        rec.destroy()
+    runs, mhz, _ = _replayed(device, dispatches, warm_s=warm_s, reps=reps,
+                             after_warm=lambda: clock.check(what, out),
+                             read=lambda rec: rec.dispatch_times_ns(), timestamps=True)
+    if any(t is None for t in runs):
+        return None, mhz
+    return [list(t) for t in runs], mhz
 
 
 def bench_device(name: str | None) -> tuple[Device, SmClock]:
@@ -281,18 +295,11 @@ def time_dispatches(device: Device, dispatches: list[Dispatch], *, warm_s: float
     """Record ``dispatches`` once, run them back to back for ``warm_s`` s (the GPU clocks
     up), then submit ``reps`` times: the median GPU time in us (first to last timestamp),
     the SM clock read after the warm-up, and the recording's barrier count."""
-    rec = Recorder(device).record(dispatches, timestamps=timestamps,
-                                  program_order=program_order)
-    try:
-        warm_for(lambda: rec.submit(wait=True), warm_s)
-        mhz = clock.sm_mhz()
-        times = []
-        for _ in range(reps):
-            rec.submit(wait=True)
-            times.append(rec.gpu_time_ns())
-        return statistics.median(times) / 1e3, mhz, rec.barriers
-    finally:
-        rec.destroy()
+    times, mhz, barriers = _replayed(device, dispatches, warm_s=warm_s, reps=reps,
+                                     after_warm=clock.sm_mhz,
+                                     read=lambda rec: rec.gpu_time_ns(),
+                                     timestamps=timestamps, program_order=program_order)
+    return statistics.median(times) / 1e3, mhz, barriers
 
 
 # --- results -------------------------------------------------------------------------------------
