@@ -24,7 +24,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pootvk.benchmark import SmClock, read_ceiling, time_dispatches  # noqa: E402
+from pootvk.benchmark import ReadCeiling, SmClock, read_ceiling, time_dispatches  # noqa: E402
 from pootvk.plan.decode_schedule import COOPMAT_SHAPE, lists_coopmat  # noqa: E402
 from pootvk.shaders.compiler import compile_glsl  # noqa: E402
 from pootvk.vk import BufferRange, Device, Dispatch  # noqa: E402
@@ -120,12 +120,13 @@ void main() {{
 """
 
 
-def open_coopmat_device() -> Device | None:
-    """The default device, or None (said in one line, the device closed) where it lists no
-    16x16x16 f16 -> f32 cooperative matrix: the tensor-core probes' common start."""
+def open_coopmat_device() -> tuple[Device, SmClock, ReadCeiling] | None:
+    """The default device, its SM clock and its read ceiling; or None (said in one line, the
+    device closed) where it lists no 16x16x16 f16 -> f32 cooperative matrix: the
+    tensor-core probes' common start."""
     dev = Device()
     if lists_coopmat(dev.profile):
-        return dev
+        return dev, SmClock(dev.name), read_ceiling(dev)
     print(f"# {dev.name} lists no {COOPMAT_SHAPE} cooperative matrix "
           "(VK_KHR_cooperative_matrix): nothing to probe")
     dev.close()
@@ -138,11 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warm", type=float, default=0.5)
     ap.add_argument("--reps", type=int, default=20)
     a = ap.parse_args(argv)
-    dev = open_coopmat_device()
-    if dev is None:
+    started = open_coopmat_device()
+    if started is None:
         return 2
-    clock = SmClock(dev.name)
-    ceil = read_ceiling(dev)
+    dev, clock, ceil = started
     print(f"# {dev.name}: read ceiling {ceil.gbps:.0f} GB/s", flush=True)
     rows = (a.mb << 20) // 256 // 8192 * 8192
     data = np.random.default_rng(0).standard_normal((rows, 128)).astype(np.float16)

@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.coopmat_load_probe import open_coopmat_device  # noqa: E402
-from pootvk.benchmark import SmClock, read_ceiling, time_dispatches  # noqa: E402
+from pootvk.benchmark import time_dispatches  # noqa: E402
 from pootvk.shaders.compiler import compile_glsl  # noqa: E402
 from pootvk.vk import BufferRange, Dispatch  # noqa: E402
 
@@ -82,11 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--iters", type=int, default=2048)
     a = ap.parse_args(argv)
-    dev = open_coopmat_device()
-    if dev is None:
+    started = open_coopmat_device()
+    if started is None:
         return 2
-    clock = SmClock(dev.name)
-    ceil = read_ceiling(dev)
+    dev, clock, ceil = started
     cu = dev.profile.compute_units or 1
     print(f"# {dev.name}: read ceiling {ceil.gbps:.0f} GB/s, {cu} compute units", flush=True)
     src = dev.create_buffer(1 << 16, name="src")
