@@ -20,12 +20,13 @@ from .attention import KV_DTYPES, NEG_INF, softmax
 from .builder import Builder
 
 
-def block_eligible(b: Builder, qpos: Var, blocks: int, block_size: int) -> Var:
-    """Bool [B, 1, Lq, NB]: block j is complete for row (b, l), ``(j + 1) * bs <= qpos``."""
+def block_eligible(b: Builder, qpos: Var, blocks: int, block_size: int) -> tuple[Var, Var]:
+    """The positions as [B, 1, Lq, 1] and bool [B, 1, Lq, NB]: block j is complete for row
+    (b, l), ``(j + 1) * bs <= qpos``."""
     bb, lq = qpos.shape
     qp = b.reshape(qpos, (bb, 1, lq, 1))
     ends = b.mul(b.add(b.iota((1, 1, 1, blocks), axis=3), 1), block_size)
-    return b.compare(CompareOp.LE, ends, qp)
+    return qp, b.compare(CompareOp.LE, ends, qp)
 
 
 def block_topk(b: Builder, scores: Var, qpos: Var, block_size: int, top_k: int) -> Var:
@@ -35,12 +36,10 @@ def block_topk(b: Builder, scores: Var, qpos: Var, block_size: int, top_k: int) 
     if scores.dtype is not F32 or qpos.dtype is not I32:
         raise ShapeError(f"block scores must be f32 and positions i32, got "
                          f"{scores.dtype.value} and {qpos.dtype.value}")
-    bb, _, lq, nb = scores.shape
-    eligible = block_eligible(b, qpos, nb, block_size)
+    qp, eligible = block_eligible(b, qpos, scores.shape[3], block_size)
     clean = b.select(b.compare(CompareOp.EQ, scores, scores), scores, NEG_INF)
     masked = b.select(eligible, clean, NEG_INF)
     idx = b.topk(masked, top_k)
-    qp = b.reshape(qpos, (bb, 1, lq, 1))
     ok = b.compare(CompareOp.LE, b.mul(b.add(idx, 1), block_size), qp)
     return b.select(ok, idx, -1)
 
@@ -73,18 +72,18 @@ def selected_attention(
     check_selected(form, [x.shape for x in ops], [x.dtype for x in ops])
     lk, dv, hs, top = k.shape[2], v.shape[3], ids.shape[1], ids.shape[3]
     n_rep, nk = form.n_rep, (top + 1) * block_size
-    eligible = block_eligible(b, qpos, lk // block_size, block_size)
+    qp, eligible = block_eligible(b, qpos, lk // block_size, block_size)
     own = b.reduce(ReduceOp.SUM, b.convert(eligible, I32), axis=3, keepdim=True)
     blocks = b.concat([ids, b.broadcast(own, (bsz, hs, lq, 1))], axis=3)  # [B,Hs,Lq,K+1]
     pos = b.add(b.mul(b.reshape(blocks, (bsz, hs, lq, top + 1, 1)), block_size),
                 b.iota((1, 1, 1, 1, block_size), axis=4))
     pos = b.reshape(pos, (bsz, hs, lq, nk))
-    qp = b.reshape(qpos, (bsz, 1, lq, 1))
     visible = b.min(b.compare(CompareOp.GE, pos, 0), b.compare(CompareOp.LE, pos, qp))
     # row (b * Hkv + g) * Lk + pos of k and v viewed as [B * Hkv * Lk, D]
     first = b.mul(b.add(b.mul(b.iota((bsz, hkv, 1, 1), axis=0), hkv),
                         b.iota((bsz, hkv, 1, 1), axis=1)), lk)
-    rows = b.add(first, b.max(b.min(pos, lk - 1), 0))  # [B, Hkv, Lq, NK]
+    key = b.max(b.min(pos, lk - 1), 0)  # each position clamped into the keys
+    rows = b.add(first, key)  # [B, Hkv, Lq, NK]
     keep = b.reshape(visible, (bsz, hs, lq, nk, 1))
 
     def gathered(x: Var, shared: Var | None = None) -> Var:
@@ -93,7 +92,7 @@ def selected_attention(
             s = shared.shape[3]
             first_s = b.mul(b.iota((bsz, 1, 1, 1), axis=0), lk)
             ys = b.gather(b.reshape(shared, (bsz * lk, s)),
-                          b.add(first_s, b.max(b.min(pos, lk - 1), 0)))  # [B, Hs, Lq, NK, s]
+                          b.add(first_s, key))  # [B, Hs, Lq, NK, s]
             y = b.concat([y, b.broadcast(ys, (bsz, hkv, lq, nk, s))], axis=4)
         if y.dtype is not F32:
             y = b.convert(y, F32)
