@@ -31,6 +31,12 @@ HIST_WORDS = (1 << RADIX_BITS) + (1 << RADIX_BITS) // 32
 MIN_SUBGROUP = 4
 
 
+def subgroup_fits(size: int) -> bool:
+    """Whether subgroups of ``size`` lanes serve the subgroup variant: a power of two
+    between ``MIN_SUBGROUP`` and the histogram's bins (each lane sums 256 / size bins)."""
+    return MIN_SUBGROUP <= size <= 1 << RADIX_BITS and size & (size - 1) == 0
+
+
 @dataclass(frozen=True)
 class TopKRequest:
     """TopK over ``rows`` rows of ``n`` f32 values -> ``k`` i32 indices per row, ascending.
@@ -71,8 +77,7 @@ class TopKRequest:
             raise ShapeError(f"TopK {self.lanes} lanes x {self.per_lane} keys do not hold "
                              f"a row of {self.n}")
         sg = self.subgroup_size
-        if self.subgroup and not (MIN_SUBGROUP <= sg <= 1 << RADIX_BITS and sg & (sg - 1) == 0
-                                  and self.lanes % sg == 0):
+        if self.subgroup and not (subgroup_fits(sg) and self.lanes % sg == 0):
             raise ShapeError(f"TopK subgroup variant: subgroups of {sg} lanes do not tile "
                              f"{self.lanes} lanes and {1 << RADIX_BITS} bins")
 

@@ -21,7 +21,7 @@ from ..ir import prims as P
 from .profile import DeviceProfile
 from .requests import fold_grid
 from .rules import KernelCall, PlanContext, RuleResult, _pow2, _row_workgroup, plan_rules
-from .topk import MIN_SUBGROUP, RADIX_BITS, TopKRequest
+from .topk import TopKRequest, subgroup_fits
 
 #: elements a lane takes before the workgroup grows: a small row uses fewer lanes (every
 #: barrier waits for all of them)
@@ -56,9 +56,7 @@ def forced_topk(**fields: object) -> Iterator[None]:
 def subgroup_usable(profile: DeviceProfile) -> bool:
     """The profile has subgroup shuffles in compute shaders, in subgroups of a power of two
     between ``MIN_SUBGROUP`` and the histogram's bins."""
-    sg = profile.subgroup_size
-    return (profile.subgroup_shuffle and MIN_SUBGROUP <= sg <= 1 << RADIX_BITS
-            and sg & (sg - 1) == 0)
+    return profile.subgroup_shuffle and subgroup_fits(profile.subgroup_size)
 
 
 def topk_lanes(n: int, profile: DeviceProfile, subgroup: bool = False) -> int:
