@@ -38,7 +38,7 @@ from ..errors import AttentionLds, DtypeLowering, ScratchBytes, ShapeError
 from ..ir import F32, I32, U32, DType
 from .bindings import Access, Binding
 from .profile import DeviceProfile
-from .requests import fold_grid
+from .requests import check_selected_keys, fold_grid
 
 KV_DTYPES = ("f32", "f16", "bf16")
 
@@ -433,14 +433,9 @@ def check_selected_mode(x: DecodeProblem | DecodeRequest, who: str) -> None:
     """A selected (SelectedAttention) problem or request: dense or split K/V (not paged) of
     a length that is whole blocks, no mask and no live length (the selected blocks and the
     query positions take their place), K >= 1 and Hs in {1, Hkv}."""
-    if x.select_block < 1 or x.select_k < 1 or x.select_heads not in (1, x.hkv):
-        raise ShapeError(f"{who}: selected block size {x.select_block}, K={x.select_k}, "
-                         f"Hs={x.select_heads} (need bs >= 1, K >= 1, Hs in {{1, {x.hkv}}})")
-    if x.lk % x.select_block:
-        raise ShapeError(f"{who}: key length {x.lk} is not a multiple of the block size "
-                         f"{x.select_block}")
-    if x.mask is not None or x.live_len or x.pool_slots:
-        raise ShapeError(f"{who}: selected keys take no mask, live length or paged key")
+    check_selected_keys(who, block=x.select_block, k=x.select_k, heads=x.select_heads,
+                        hkv=x.hkv, lk=x.lk,
+                        other=x.mask is not None or x.live_len or bool(x.pool_slots))
 
 
 def select_table_bytes(select_k: int) -> int:

@@ -25,6 +25,21 @@ class LiteralOperand:
     dtype: DType
 
 
+def check_selected_keys(who: str, *, block: int, k: int, heads: int, hkv: int, lk: int,
+                        other: bool) -> None:
+    """A selected (SelectedAttention) kernel's keys: blocks of ``block`` >= 1 tiling Lk,
+    ``k`` >= 1 of them, the selection's heads 1 or Hkv, and none of the forms the selected
+    blocks and query positions replace (``other``: a mask, a live length, a paged key)."""
+    if block < 1 or k < 1 or heads not in (1, hkv):
+        raise ShapeError(f"{who}: selected block size {block}, K={k}, Hs={heads} (need "
+                         f"bs >= 1, K >= 1, Hs in {{1, {hkv}}})")
+    if lk % block:
+        raise ShapeError(f"{who}: key length {lk} is not a multiple of the block size "
+                         f"{block}")
+    if other:
+        raise ShapeError(f"{who}: selected keys take no mask, live length or paged key")
+
+
 @dataclass(frozen=True)
 class AttentionRequest:
     """The streaming attention kernel: one workgroup of ``lanes`` per (batch, head, row).
@@ -67,14 +82,10 @@ class AttentionRequest:
         if self.pool_slots < 0 or (self.pool_slots and self.dk_shared):
             raise ShapeError(f"attention: pool_slots={self.pool_slots} with "
                              f"dk_shared={self.dk_shared} (a key is dense, split or paged)")
-        if self.select_block and (
-                self.select_k < 1 or self.select_heads not in (1, self.hkv)
-                or self.lk % self.select_block or self.mask is not None or self.live
-                or self.pool_slots):
-            raise ShapeError(f"attention: selected keys (bs={self.select_block}, "
-                             f"K={self.select_k}, Hs={self.select_heads}) need K >= 1, Hs in "
-                             f"{{1, {self.hkv}}}, Lk={self.lk} whole blocks, and no mask, "
-                             "live length or paged key")
+        if self.select_block:
+            check_selected_keys("attention", block=self.select_block, k=self.select_k,
+                                heads=self.select_heads, hkv=self.hkv, lk=self.lk,
+                                other=self.mask is not None or self.live or self.paged)
 
     @property
     def paged(self) -> bool:
