@@ -132,16 +132,19 @@ def _block_topk(w: _Walk, e: Eqn) -> Eqn | None:
                Params(block_size=int(bs), top_k=top.params["k"]))
 
 
-def _gathered(w: _Walk, x: Var | None) -> tuple[Var | None, Var | None]:
-    """The [B, Hkv, Lk, D] operand of ``Select(keep, [Convert](Gather(Reshape(x), rows)), 0)``
-    and None; or, for a split key's ``Concat(Gather(..k..), Broadcast(Gather(..k_shared..)))``
-    under the same Select, k and k_shared."""
+def _gathered(w: _Walk, x: Var | None) -> tuple[Var | None, Eqn | None, Var | None]:
+    """For ``Select(keep, [Convert](Gather(Reshape(src), rows)), 0)``: the [B, Hkv, Lk, D]
+    operand ``src``, that Gather eqn and None; for a split key's
+    ``Concat(Gather(..k..), Broadcast(Gather(..k_shared..)))`` under the same Select, k, k's
+    Gather and k_shared."""
     y = _unconvert(w, w.arg(x, P.SELECT, 1))
     cat = w.eqn(y, P.CONCAT, axis=4)
+    shared = None
     if cat is not None and len(cat.inputs) == 2:
         shared = w.arg(w.arg(w.arg(cat.inputs[1], P.BROADCAST), P.GATHER), P.RESHAPE)
-        return w.arg(w.arg(cat.inputs[0], P.GATHER), P.RESHAPE), shared
-    return w.arg(w.arg(y, P.GATHER), P.RESHAPE), None
+        y = cat.inputs[0]
+    gat = w.eqn(y, P.GATHER)
+    return (None if gat is None else w.arg(gat.inputs[0], P.RESHAPE)), gat, shared
 
 
 def _unconvert(w: _Walk, y: Var | None) -> Var | None:
@@ -159,7 +162,7 @@ def _selected_attention(w: _Walk, e: Eqn, ranges: dict) -> Eqn | None:
     if not mm or mm.out.ndim != 5:
         return None
     probs, vsel = mm.inputs
-    v, _ = _gathered(w, vsel)
+    v, vgat, _ = _gathered(w, vsel)
     ex = w.arg(probs, P.DIV)
     s = w.arg(w.arg(w.arg(ex, P.UNARY, op=UnaryOp.EXP), P.SUB), P.SELECT, 1)
     softcap = None
@@ -172,9 +175,8 @@ def _selected_attention(w: _Walk, e: Eqn, ranges: dict) -> Eqn | None:
     if not qk or v is None or _lit(smul.inputs[1]) is None:
         return None
     q = w.arg(w.arg(qk.inputs[0], P.TRANSPOSE), P.RESHAPE)
-    k, k_shared = _gathered(w, w.arg(qk.inputs[1], P.TRANSPOSE))
-    gat = w.eqn(_unconvert(w, w.arg(vsel, P.SELECT, 1)), P.GATHER)
-    rows = gat and w.eqn(gat.inputs[1], P.ADD)
+    k, _, k_shared = _gathered(w, w.arg(qk.inputs[1], P.TRANSPOSE))
+    rows = vgat and w.eqn(vgat.inputs[1], P.ADD)
     pos = rows and w.arg(w.arg(rows.inputs[1], P.MAX), P.MIN)
     scaled = w.eqn(w.arg(pos, P.RESHAPE), P.ADD)
     mul = scaled and w.eqn(scaled.inputs[0], P.MUL)
