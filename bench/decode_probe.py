@@ -307,6 +307,7 @@ def run_shape(device, shape, kvs, args, ceiling_gbps, clock, results):
                 f"kpi={req.keys_per_iter} {'sg' if req.subgroup else 'sh'}"
                 f"{' nopf' if not req.prefetch else ''}"
                 f"{' 2launch' if req.launches == 2 else ''}"
+                f"{' combine2' if req.combine_rounds == 2 else ''}"
                 f"{' fp16cvt' if req.f16_convert == 'fp16' else ''}")
             flag = "" if err <= TOL else "  <-- WRONG"
             print(f"{b},{hq},{hkv},{lk} {kv:4} {name:10} {ns / 1e3:9.1f} us {gbps:7.0f} GB/s "

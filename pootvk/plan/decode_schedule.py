@@ -224,6 +224,10 @@ class DecodeRequest(_GroupShape):
     combine_grid: tuple[int, int]
     prefetch: bool = True  # load the next step's K/V while this step computes
     fused_combine: bool = True  # the last split of a row block combines (no second launch)
+    #: fused combine: 1 = each lane loads its row's maxima and sums with its words, all in
+    #: one round of loads, where they fit (``attention_decode.combine_in_one_round``);
+    #: 2 = maxima and sums through workgroup memory first, then the words
+    combine_rounds: int = 1
     f16_convert: str = "unpack"  # F16 K/V: "unpack" (unpackHalf2x16) | "fp16" (FConvert)
     #: subgroup dot reduction: "butterfly" (every lane all-reduces every dot) | "scatter"
     #: (reduce-scatter the rows * keys_per_iter dots across the lanes of a key group, then
@@ -389,6 +393,7 @@ class DecodeRequest(_GroupShape):
             f"load={self.load_elems} {'subgroup' if self.subgroup else 'shared'} "
             f"{'prefetch ' if self.prefetch else ''}"
             f"{'fused ' if self.fused_combine and self.splits > 1 else ''}"
+            f"{'combine2 ' if self.combine_rounds == 2 else ''}"
             f"{'fp16cvt ' if self.f16_convert == 'fp16' else ''}"
             f"{'' if self.dot_reduce == _DEFAULT_DOT_REDUCE else self.dot_reduce + ' '}"
             f"{'' if self.lazy_rescale == _DEFAULT_LAZY else _LAZY_TAG[self.lazy_rescale]}"
@@ -747,6 +752,7 @@ def choose_decode_schedule(
     prefetch = bool(ov.pop("prefetch", True))
     fused_override = ov.pop("fused_combine", None)
     min_chunk_override = ov.pop("min_chunk", None)
+    combine_rounds = int(ov.pop("combine_rounds", DecodeRequest.combine_rounds))
     f16_convert = str(ov.pop("f16_convert", "unpack"))
     dot_reduce = str(ov.pop("dot_reduce", "scatter" if short16 else DecodeRequest.dot_reduce))
     lazy_rescale = bool(ov.pop("lazy_rescale", short16 or DecodeRequest.lazy_rescale))
@@ -796,7 +802,8 @@ def choose_decode_schedule(
         lanes_per_key=lanes, local_size=local, keys_per_iter=kpi, load_elems=load_elems,
         subgroup=subgroup, grid=fold_grid(groups, profile.max_grid),
         combine_grid=fold_grid(combine_groups, profile.max_grid), prefetch=prefetch,
-        fused_combine=fused, f16_convert=f16_convert, dot_reduce=dot_reduce,
+        fused_combine=fused, combine_rounds=combine_rounds, f16_convert=f16_convert,
+        dot_reduce=dot_reduce,
         lazy_rescale=lazy_rescale, dk_shared=p.dk_shared, min_chunk=min_chunk,
         pool_slots=p.pool_slots, select_block=p.select_block, select_k=p.select_k,
         select_heads=p.select_heads,
@@ -825,6 +832,8 @@ def check_request(r: DecodeRequest) -> None:
     def bad(why: str) -> ShapeError:
         return ShapeError(f"decode schedule: {why}: {r.describe()}")
 
+    if r.combine_rounds not in (1, 2):
+        raise bad("combine_rounds must be 1 or 2")
     if r.select_block:
         check_selected_mode(r, "decode schedule")
         if r.lq > 1 and r.rows_per_wg != 1:
@@ -976,6 +985,7 @@ def _choose_matrix(p: DecodeProblem, profile: DeviceProfile, force_splits: int |
     q_split = ov.pop("q_split", None)
     fused_override = ov.pop("fused_combine", None)
     min_chunk_override = ov.pop("min_chunk", None)
+    combine_rounds = int(ov.pop("combine_rounds", DecodeRequest.combine_rounds))
     if ov:
         raise TypeError(f"unknown matrix schedule overrides: {sorted(ov)}")
     if q_split is None:  # two query parts in registers: the chunks a subgroup uses, twice
@@ -995,8 +1005,9 @@ def _choose_matrix(p: DecodeProblem, profile: DeviceProfile, force_splits: int |
         subgroup=True,
         grid=fold_grid(groups, profile.max_grid),
         combine_grid=fold_grid(-(-out_rows * p.dv // COMBINE_LOCAL), profile.max_grid),
-        prefetch=prefetch, fused_combine=fused, dk_shared=p.dk_shared, min_chunk=min_chunk,
-        matrix=MATRIX, q_split=bool(q_split), prefetch_steps=steps if prefetch else 1,
+        prefetch=prefetch, fused_combine=fused, combine_rounds=combine_rounds,
+        dk_shared=p.dk_shared, min_chunk=min_chunk, matrix=MATRIX, q_split=bool(q_split),
+        prefetch_steps=steps if prefetch else 1,
         score_accumulators=nacc, select_block=p.select_block, select_k=p.select_k,
         select_heads=p.select_heads,
     )

@@ -691,6 +691,10 @@ def emit_fused_combine(r: DecodeRequest, emit, lane: str) -> None:
     emit("barrier();")
     emit("if (s_last == 0u) return;")
     emit("memoryBarrierBuffer();")
+    if r.combine_rounds == 1 and combine_in_one_round(r):
+        _emit_combine_one_round(r, emit, lane)
+        emit("if (gl_LocalInvocationIndex == 0u) counter[rest] = 0u;  // ready for the next replay")
+        return
     # Each (row, split)'s max and sum are read once into workgroup memory, each row's
     # weights exp(m_u - M) and denominator computed once, then every output element
     # sums its splits' accumulators with them: one global load per (element, split)
@@ -739,6 +743,70 @@ def emit_fused_combine(r: DecodeRequest, emit, lane: str) -> None:
     emit(f"dst[orow * {r.dv}u + c] = acc / s_cden[rr];  // no key seen: 0/0 = NaN", 2)
     emit("}")
     emit("if (gl_LocalInvocationIndex == 0u) counter[rest] = 0u;  // ready for the next replay")
+
+
+#: most global loads a lane of the one-round combine keeps in flight (its registers)
+COMBINE_ROUND_LOADS = 96
+
+
+def combine_in_one_round(r: DecodeRequest) -> bool:
+    """Whether the fused combine loads everything it needs at once: each lane serves one
+    row (``_combine_lanes_per_row`` lanes a row), so it reads its row's
+    SPLITS maxima and sums beside its elements' SPLITS words, within COMBINE_ROUND_LOADS."""
+    lpr = _combine_lanes_per_row(r)
+    return lpr > 0 and (r.dv // lpr + 2) * r.splits <= COMBINE_ROUND_LOADS
+
+
+def _combine_lanes_per_row(r: DecodeRequest) -> int:
+    """Lanes of the one-round combine a row: the most of the workgroup's ``local_size /
+    rows_per_wg`` that divide Dv (the lanes past ``rows_per_wg`` of them idle); 0 when a
+    row would not get one."""
+    lpr = min(r.local_size // r.rows_per_wg, r.dv)
+    while lpr > 1 and r.dv % lpr:
+        lpr -= 1
+    return max(lpr, 0)
+
+
+def _emit_combine_one_round(r: DecodeRequest, emit, lane: str) -> None:
+    """The fused combine in one round of global loads: every lane loads its row's maxima
+    and sums and its elements' words of every split before using any, then folds them in
+    registers. The two-round form (maxima and sums through workgroup memory, then the
+    words) waits on L2 twice more behind barriers. H200, one run, fused, one round against
+    two (bench/decode_probe.py --calls 10): (4,32,8,8192) 8 splits F16 49.0 us against
+    50.6, F32 70.3-70.4 against 71.5; (8,32,8,8192) 6 splits F16 77.7-78.0 against 79.0,
+    F32 129.7-129.8 against 130.8-132.1; (1,32,8,4096) F32 16 splits 15.2 against 15.7;
+    (1,32,8,32768) F16 16 splits 46.3 against 45.8 (the one shape it did not help).
+    Splits past ``nact`` are clamped to an active one's
+    words (written) and weigh nothing (a select, so a duplicate inf cannot become NaN)."""
+    R, WG, S, DV = r.rows_per_wg, r.local_size, r.splits, r.dv
+    lpr = _combine_lanes_per_row(r)
+    E = DV // lpr
+    st = DV + 2
+    emit(f"if ({lane} < {R * lpr}u) {{" if R * lpr < WG else "{")
+    emit(f"uint rr = {lane} / {lpr}u;", 2)
+    emit(f"uint orow = bg * {r.group_rows}u + rbase + rr;", 2)
+    emit(f"uint base = orow * {S * st}u + {lane} % {lpr}u;", 2)
+    emit(f"uint mb = orow * {S * st}u + {DV}u;", 2)
+    for u in range(S):
+        at = f"min({u}u, nact - 1u) * {st}u"
+        emit(f"float m{u} = part[mb + {at}];", 2)
+        emit(f"float l{u} = part[mb + {at} + 1u];", 2)
+        for j in range(E):
+            emit(f"float x{j}_{u} = part[base + {at} + {j * lpr}u];", 2)
+    emit("float M = NEG_INF;", 2)
+    for u in range(S):
+        emit(f"M = {u}u < nact ? max(M, m{u}) : M;", 2)
+    emit("float den = 0.0;", 2)
+    for u in range(S):
+        emit(f"float w{u} = ({u}u < nact && m{u} != NEG_INF) ? exp(m{u} - M) : 0.0;", 2)
+        emit(f"den += {u}u < nact ? (isnan(l{u}) ? l{u} : w{u} * l{u}) : 0.0;", 2)
+    for j in range(E):
+        emit(f"float acc{j} = 0.0;", 2)
+        for u in range(S):
+            emit(f"acc{j} += {u}u < nact ? w{u} * x{j}_{u} : 0.0;", 2)
+        emit(f"dst[orow * {DV}u + {lane} % {lpr}u + {j * lpr}u] = acc{j} / den;"
+             "  // no key seen: 0/0 = NaN", 2)
+    emit("}")
 
 
 def generate_decode_combine(r: DecodeRequest) -> str:

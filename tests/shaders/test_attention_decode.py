@@ -21,7 +21,7 @@ from pootvk.plan.decode_schedule import (
     default_splits,
 )
 from pootvk.plan.profile import recorded_profile, recorded_profiles
-from pootvk.shaders.attention_decode import generate_decode
+from pootvk.shaders.attention_decode import combine_in_one_round, generate_decode
 from pootvk.shaders.compiler import compile_glsl
 from tests.helpers import examples
 
@@ -247,6 +247,32 @@ def test_combine_and_prefetch_variants(device, fused, prefetch):
     req, _ = case(device, b=2, hq=8, hkv=2, lk=1000, dk=64, dv=64, splits=7, mask="alibi",
                   overrides={"fused_combine": fused, "prefetch": prefetch})
     assert req.launches == (1 if fused else 2) and req.prefetch == prefetch
+
+
+@pytest.mark.parametrize("rounds", [1, 2])
+@pytest.mark.parametrize("splits", [2, 7, 16])
+def test_fused_combine_in_one_or_two_rounds_of_loads(device, rounds, splits):
+    """Both forms of the fused combine: masked rows (5 keys, none: NaN, the last chunk
+    only: leading splits write the neutral partial), then live lengths that leave splits
+    without a key (nact < splits: the one-round form clamps their words to an active
+    split's and weighs them 0) and one that fits one split (written by the partial)."""
+    b, hq, lq, lk = 1, 4, 3, 1000
+    m = np.zeros((b, hq, lq, lk), np.float32)
+    m[:, :, 0, 5:] = -np.inf
+    m[:, :, 1, :] = -np.inf
+    m[:, :, 2, :900] = -np.inf
+    req, got = case(device, b=b, hq=hq, hkv=2, lq=lq, lk=lk, dk=64, dv=64, splits=splits,
+                    mask_array=m, overrides={"combine_rounds": rounds, "fused_combine": True})
+    assert np.isnan(got[:, :, 1]).all() and np.isfinite(got[:, :, 0]).all()
+    assert req.fused_combine and req.combine_rounds == rounds
+    assert combine_in_one_round(req)  # rounds=1 runs the one-round form, 2 the other
+    lens = np.array([1000, 300, 1, 0], np.int32)
+    req, _ = case(device, b=4, hq=8, hkv=2, lk=lk, dk=128, dv=64, kv="f16", splits=splits,
+                  live=lens, mask="alibi", overrides={"combine_rounds": rounds,
+                                                      "fused_combine": True,
+                                                      "min_chunk": 128}, seed=splits)
+    assert combine_in_one_round(req)
+    assert ("combine2" in req.describe()) == (rounds == 2)
 
 
 def test_fp16_conversion_variant(device):
