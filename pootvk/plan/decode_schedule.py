@@ -58,6 +58,15 @@ MIN_CHUNK = 128
 FEW_SPLITS_BYTES = 4 << 20
 #: Workgroups per compute unit the split count aims for (llama.cpp and FA2 use 2).
 WAVES_PER_CU = 2
+#: Workgroups per compute unit up to which a split of at most MAX_SPLITS combines fused
+#: (the last split of a row block folds the partials) rather than in a second launch.
+#: H200, one run each (bench/decode_probe.py --calls 10, one-round combine): (8,32,8,8192)
+#: 6 splits, 384 workgroups (2.9 per SM): F16 77.7-78.0 us fused against 79.6-80.5 in
+#: two launches, F32 129.7-129.8 against 131.4-132.3; (8,32,8,16384) F16 175.2 against
+#: 174.7, F32 249.1 against 250.9; (16,32,8,4096) F32 4 splits, 512 workgroups (3.9 per
+#: SM) 151.4 against 151.6-151.9. (With the two-round combine the grids past 2 per SM
+#: measured faster in two launches, hence the old bound of WAVES_PER_CU.)
+FUSED_WAVES_PER_CU = 4
 #: K/V bytes per workgroup from which the split count is moved to fill the last wave of
 #: workgroups (_fill_waves): shorter chunks are dominated by a launch's fixed costs.
 WAVE_FILL_BYTES = 256 << 10
@@ -602,10 +611,9 @@ def _fused_combine(profile: DeviceProfile, groups: int, splits: int,
     """(fused combine, min_chunk) for ``groups`` workgroups of ``splits`` splits.
 
     Fused combine (the last split to finish combines): saves the second launch (~4 us on
-    the H200) when the partials run as one wave of at most 16 splits; with several waves
-    each workgroup's release fence delays the next wave, and with 64 splits the last
-    workgroup's combine is a serial tail: two launches measured faster there
-    ((1,8,1,65536) F32 63.6 us vs 88.3; (32,32,8,2048) split 2: 140.8 vs 153.8).
+    the H200) for at most 16 splits over up to FUSED_WAVES_PER_CU workgroups per compute
+    unit; with 64 splits the last workgroup's combine is a serial tail: two launches
+    measured faster there ((1,8,1,65536) F32 63.6 us vs 88.3).
 
     A fused split's chunk is at least MIN_CHUNK keys at run time too: a live length far
     under the capacity runs on the splits it needs and, under MIN_CHUNK keys, on one that
@@ -614,7 +622,7 @@ def _fused_combine(profile: DeviceProfile, groups: int, splits: int,
     keeps its exact chunking (tests run partial and empty chunks through it).
     """
     cu = profile.compute_units
-    fused = (groups <= WAVES_PER_CU * cu and splits <= MAX_SPLITS) if cu else True
+    fused = (groups <= FUSED_WAVES_PER_CU * cu and splits <= MAX_SPLITS) if cu else True
     if fused_override is not None:
         fused = bool(fused_override)
     min_chunk = MIN_CHUNK if fused and splits > 1 and force_splits is None else 0

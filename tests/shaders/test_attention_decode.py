@@ -376,7 +376,9 @@ def test_split_rule_on_the_h200_profile():
     # ... and two row blocks of 4 rows: 128 workgroups, not 64 (half the SMs idle)
     assert one.rows_per_wg == 4 and one.workgroups == 128
     mid = req(8, 32, 8, 8192)  # 6 splits fill 2.91 waves of 132 SMs (5: 2.42)
-    assert mid.splits == 6 and mid.workgroups == 384 and mid.launches == 2
+    assert mid.splits == 6 and mid.workgroups == 384
+    assert mid.fused_combine and mid.launches == 1  # 2.91 per SM <= FUSED_WAVES_PER_CU
+    assert combine_in_one_round(mid) and combine_in_one_round(r)
     assert big.keys_per_iter == 4  # unsplit 16-bit K/V at 8 lanes, 128-lane workgroups
     lav = recorded_profile("lavapipe")
     p = DecodeProblem(b=1, hq=32, hkv=8, lq=1, lk=32768, dk=128, dv=128, scale=0.1)
