@@ -121,3 +121,23 @@ def test_two_programs_share_params_and_state(device):
     with pytest.raises(Closed):
         second()
     second.close()
+
+
+def test_a_token_id_as_any_integer_scalar_is_range_checked_before_anything_runs(device):
+    """Python and NumPy integer scalars take the replay's fast bind (checked against the
+    declared range as they are); out of range they raise SlotRangeError and run nothing."""
+    table = np.arange(6, dtype=np.float32).reshape(3, 2)
+    w = np.ones(4, np.float32)
+    x = np.ones(4, np.float32)
+    with pootvk.compile(counter_graph(), device) as prog:
+        prog.set_params(w=w, table=table)
+        for n, tok in enumerate((2, np.int64(1), np.uint8(0), np.int16(2), np.array(1, np.int32))):
+            out = prog(x=x, tok=tok)
+            np.testing.assert_array_equal(out["row"], table[int(tok)])
+            np.testing.assert_array_equal(out["y"], (n + 1) * w)
+        for bad in (3, -1, np.int64(2**40), np.uint64(3)):
+            with pytest.raises(SlotRangeError):
+                prog(x=x, tok=bad)
+        with pytest.raises(BindError):
+            prog(x=x, tok=True)
+        np.testing.assert_array_equal(prog.state("acc"), 5 * w)  # the refusals ran nothing
