@@ -677,7 +677,6 @@ def emit_fused_combine(r: DecodeRequest, emit, lane: str) -> None:
     last workgroup of a (batch row, KV head, row block) to arrive folds every split's
     partial. Expects ``nact``, ``rest``, ``bg``, ``rbase`` and the shared ``s_last``,
     ``s_cw``, ``s_cl``, ``s_cden``; ``lane`` is the invocation's index in the workgroup."""
-    R, WG = r.rows_per_wg, r.local_size
     # The last workgroup of this (batch, KV head, row block) to finish combines every
     # split's partial (threadfence-reduction pattern: partials are coherent, each
     # workgroup orders its writes before its arrival, the last one resets the counter).
@@ -693,8 +692,14 @@ def emit_fused_combine(r: DecodeRequest, emit, lane: str) -> None:
     emit("memoryBarrierBuffer();")
     if r.combine_rounds == 1 and combine_in_one_round(r):
         _emit_combine_one_round(r, emit, lane)
-        emit("if (gl_LocalInvocationIndex == 0u) counter[rest] = 0u;  // ready for the next replay")
-        return
+    else:
+        _emit_combine_two_rounds(r, emit, lane)
+    emit("if (gl_LocalInvocationIndex == 0u) counter[rest] = 0u;  // ready for the next replay")
+
+
+def _emit_combine_two_rounds(r: DecodeRequest, emit, lane: str) -> None:
+    """The fused combine through workgroup memory (``s_cw``, ``s_cl``, ``s_cden``)."""
+    R, WG = r.rows_per_wg, r.local_size
     # Each (row, split)'s max and sum are read once into workgroup memory, each row's
     # weights exp(m_u - M) and denominator computed once, then every output element
     # sums its splits' accumulators with them: one global load per (element, split)
@@ -742,7 +747,6 @@ def emit_fused_combine(r: DecodeRequest, emit, lane: str) -> None:
         emit(f"acc += {u}u < nact ? s_cw[cb + {u}u] * x{u} : 0.0;", 2)
     emit(f"dst[orow * {r.dv}u + c] = acc / s_cden[rr];  // no key seen: 0/0 = NaN", 2)
     emit("}")
-    emit("if (gl_LocalInvocationIndex == 0u) counter[rest] = 0u;  // ready for the next replay")
 
 
 #: most global loads a lane of the one-round combine keeps in flight (its registers)
@@ -764,7 +768,7 @@ def _combine_lanes_per_row(r: DecodeRequest) -> int:
     lpr = min(r.local_size // r.rows_per_wg, r.dv)
     while lpr > 1 and r.dv % lpr:
         lpr -= 1
-    return max(lpr, 0)
+    return lpr
 
 
 def _emit_combine_one_round(r: DecodeRequest, emit, lane: str) -> None:
@@ -783,10 +787,11 @@ def _emit_combine_one_round(r: DecodeRequest, emit, lane: str) -> None:
     E = DV // lpr
     st = DV + 2
     emit(f"if ({lane} < {R * lpr}u) {{" if R * lpr < WG else "{")
-    emit(f"uint rr = {lane} / {lpr}u;", 2)
-    emit(f"uint orow = bg * {r.group_rows}u + rbase + rr;", 2)
-    emit(f"uint base = orow * {S * st}u + {lane} % {lpr}u;", 2)
-    emit(f"uint mb = orow * {S * st}u + {DV}u;", 2)
+    emit(f"uint orow = bg * {r.group_rows}u + rbase + {lane} / {lpr}u;", 2)
+    emit(f"uint c = {lane} % {lpr}u;  // the lane's first channel", 2)
+    emit(f"uint rb = orow * {S * st}u;  // the row's partials", 2)
+    emit("uint base = rb + c;", 2)
+    emit(f"uint mb = rb + {DV}u;", 2)
     for u in range(S):
         at = f"min({u}u, nact - 1u) * {st}u"
         emit(f"float m{u} = part[mb + {at}];", 2)
@@ -804,7 +809,7 @@ def _emit_combine_one_round(r: DecodeRequest, emit, lane: str) -> None:
         emit(f"float acc{j} = 0.0;", 2)
         for u in range(S):
             emit(f"acc{j} += {u}u < nact ? w{u} * x{j}_{u} : 0.0;", 2)
-        emit(f"dst[orow * {DV}u + {lane} % {lpr}u + {j * lpr}u] = acc{j} / den;"
+        emit(f"dst[orow * {DV}u + c + {j * lpr}u] = acc{j} / den;"
              "  // no key seen: 0/0 = NaN", 2)
     emit("}")
 
