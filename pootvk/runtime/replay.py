@@ -219,35 +219,31 @@ class Replay:
 
     def _fast_bind(self, values: Mapping[str, object]) -> list[tuple] | None:
         """The (view, array) writes of a step that needs no conversion, all checked before
-        any is made; None sends the step through ``check_bind``. The two common cases (an
-        array of the slot's dtype and shape; a Python or NumPy integer for a ranged scalar
-        slot, a position) are tested first: this runs every step, and its host time is
-        part of issue 7's step overhead."""
+        any is made; None sends the step through ``check_bind``. A Python or NumPy integer for
+        a ranged scalar slot (a position) is range-checked as it is, with no array made:
+        this runs every step, and its host time is part of issue 7's step overhead."""
         fast = self._fast_in
         if fast is None or len(values) != len(fast):
             return None
         writes = []
         for name, shape, dtype, rng, view, write_map in fast:
             a = values.get(name)
-            t = type(a)
-            if t is np.ndarray and a.dtype == dtype and a.shape == shape:  # type: ignore[union-attr]
+            if rng is not None and not shape and type(a) in _SCALAR_INTS:
+                if not rng[0] <= a <= rng[1]:  # type: ignore[operator]  # a position, as is
+                    return None  # check_bind raises the typed error
+            else:
+                if type(a) is not np.ndarray or a.dtype != dtype or a.shape != shape:  # type: ignore[union-attr]
+                    if rng is None or a is None or not isinstance(a, (int, np.integer)) \
+                            or isinstance(a, bool):
+                        return None
+                    a = np.asarray(a)
+                    if a.dtype != dtype and not np.issubdtype(a.dtype, np.integer):
+                        return None
                 if rng is not None and a.size and not (  # type: ignore[union-attr]
                     rng[0] <= a.item() <= rng[1] if a.size == 1  # type: ignore[union-attr]
                     else rng[0] <= int(a.min()) and int(a.max()) <= rng[1]  # type: ignore[union-attr]
                 ):  # a ranged slot may be an array (token ids), not only a scalar position
                     return None  # check_bind raises the typed error
-            elif rng is not None and not shape and t in _SCALAR_INTS:
-                if not rng[0] <= a <= rng[1]:  # type: ignore[operator]
-                    return None
-            else:
-                if rng is None or a is None or not isinstance(a, (int, np.integer)) \
-                        or isinstance(a, bool):
-                    return None
-                a = np.asarray(a)
-                if a.dtype != dtype and not np.issubdtype(a.dtype, np.integer):
-                    return None
-                if a.size and not (rng[0] <= int(a.min()) and int(a.max()) <= rng[1]):
-                    return None
             if write_map:  # a pool slot named twice: WriteMapError, before any write
                 ForwardSlotMap(a, write_map_pool(name, rng), name)
             writes.append((view, a))
