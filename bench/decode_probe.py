@@ -308,7 +308,8 @@ def run_shape(device, shape, kvs, args, ceiling_gbps, clock, results):
                 f"{' nopf' if not req.prefetch else ''}"
                 f"{' 2launch' if req.launches == 2 else ''}"
                 f"{' combine2' if req.combine_rounds == 2 else ''}"
-                f"{' fp16cvt' if req.f16_convert == 'fp16' else ''}")
+                f"{' fp16cvt' if req.f16_convert == 'fp16' else ''}"
+                f"{' qwg' if req.q_workgroup else ''}")
             flag = "" if err <= TOL else "  <-- WRONG"
             print(f"{b},{hq},{hkv},{lk} {kv:4} {name:10} {ns / 1e3:9.1f} us {gbps:7.0f} GB/s "
                   f"{gbps / ceiling_gbps:6.1%} [{'+'.join(f'{x / 1e3:.1f}' for x in per)}] "

@@ -98,6 +98,9 @@ LOCAL_SIZE = 256
 #: K/V bytes per (batch row, KV head) up to which a workgroup serves one query row
 #: (choose_decode_schedule: the register-bound fixed cost of a multi-row kernel dominates)
 SHORT_CACHE_BYTES = 3 << 20
+#: keys a workgroup streams from which split 16-bit K/V keep the query in workgroup memory
+#: and 4 keys a step (``_long_16bit_chunks``)
+LONG_CHUNK_KEYS = 8192
 #: 16-bit K/V up to this many keys keep 16 lanes per key when split (choose_decode_schedule)
 SHORT_16BIT_LK = 8192
 #: Split cap when even MAX_SPLITS splits fill at most half the compute units (B*Hkv tiny).
@@ -243,6 +246,10 @@ class DecodeRequest(_GroupShape):
     #: all-gather the sums: 2 (n - n / lanes) shuffles instead of n log2(lanes))
     dot_reduce: str = "butterfly"
     lazy_rescale: bool = False  # rescale a row's accumulators only when its running max moves
+    #: scalar kernel: the rows' pre-scaled query slices live in workgroup memory and are read
+    #: at each use instead of held in registers (rows * dk / lanes_per_key floats a lane),
+    #: leaving those registers to more keys in flight (``LONG_CHUNK_KEYS``)
+    q_workgroup: bool = False
     dk_shared: int = 0  # split key: width of k_shared [B, 1, Lk, s] (0: dense key)
     #: fused split only: each split's chunk is at least this many keys (rounded up to the
     #: tile), so a short (live) length runs on the splits it needs: those past it return
@@ -341,7 +348,8 @@ class DecodeRequest(_GroupShape):
             return staged_shared_bytes(self.local_size // 32, self.tile, self.dk, self.dv,
                                        self.rows_per_wg, fused) + table
         return decode_shared_bytes(self.local_size, self.lanes_per_key, self.keys_per_iter,
-                                   self.rows_per_wg, self.dv, self.subgroup, fused) + table
+                                   self.rows_per_wg, self.dv, self.subgroup, fused,
+                                   self.rows_per_wg * self.dk if self.q_workgroup else 0) + table
 
     @property
     def paged(self) -> bool:
@@ -406,6 +414,7 @@ class DecodeRequest(_GroupShape):
             f"{'fp16cvt ' if self.f16_convert == 'fp16' else ''}"
             f"{'' if self.dot_reduce == _DEFAULT_DOT_REDUCE else self.dot_reduce + ' '}"
             f"{'' if self.lazy_rescale == _DEFAULT_LAZY else _LAZY_TAG[self.lazy_rescale]}"
+            f"{'qwg ' if self.q_workgroup else ''}"
             f"{f'min_chunk={self.min_chunk} ' if self.min_chunk else ''}"
             f"{f'coopmat{self.matrix} ' if self.matrix else ''}"
             f"{'qsplit ' if self.q_split else ''}"
@@ -476,19 +485,21 @@ def chunk_for(lk: int, splits: int, tile: int) -> int:
 
 
 def decode_shared_bytes(local_size: int, lanes_per_key: int, keys_per_iter: int, rows: int,
-                        dv: int, subgroup: bool, fused_splits: int = 0) -> int:
+                        dv: int, subgroup: bool, fused_splits: int = 0,
+                        q_floats: int = 0) -> int:
     """Workgroup memory of the partial kernel: the final fold (m, l per row and lane group,
     one row's accumulators per lane group), the fused combine's one-word arrival flag
     (``s_last``, counted always: the H200 lost the device on a kernel 4 bytes over its
     49152-byte limit when it was not) and, with ``fused_splits``, its per-(row, split)
     weights and sums and per-row denominators; plus, without subgroups, the dot reduction
-    buffer (at most ``REDUCE_ROWS`` rows at a time)."""
+    buffer (at most ``REDUCE_ROWS`` rows at a time), and ``q_floats`` of query rows
+    (``DecodeRequest.q_workgroup``)."""
     groups = local_size // lanes_per_key
     fold = 2 * rows * groups * 4 + groups * dv * 4
     red = 0 if subgroup else reduce_rows(rows, keys_per_iter, local_size) * keys_per_iter \
         * local_size * 4
     combine = 4 * (2 * rows * fused_splits + rows) if fused_splits else 0
-    return fold + red + combine + LAST_FLAG_BYTES
+    return fold + red + combine + LAST_FLAG_BYTES + 4 * q_floats
 
 
 def staged_shared_bytes(subgroups: int, tile: int, dk: int, dv: int, rows: int,
@@ -764,20 +775,23 @@ def choose_decode_schedule(
     f16_convert = str(ov.pop("f16_convert", "unpack"))
     dot_reduce = str(ov.pop("dot_reduce", "scatter" if short16 else DecodeRequest.dot_reduce))
     lazy_rescale = bool(ov.pop("lazy_rescale", short16 or DecodeRequest.lazy_rescale))
+    qwg_override = ov.pop("q_workgroup", None)
+    q_floats = rows * p.dk if qwg_override else 0
     if f16_convert == "fp16" and not profile.extra.get("shader_float16"):
         raise DtypeLowering("AttentionDecode", "f16 conversion through shaderFloat16")
     if ov:
         raise TypeError(f"unknown schedule overrides: {sorted(ov)}")
     # Fit the workgroup memory: halve the workgroup, then the keys per step.
     table = select_table_bytes(p.select_k if p.select_block else -1)
-    while decode_shared_bytes(local, lanes, kpi, rows, p.dv, subgroup) + table > \
+    while decode_shared_bytes(local, lanes, kpi, rows, p.dv, subgroup, 0, q_floats) + table > \
             profile.max_workgroup_memory:
         if local > max(lanes, sub if subgroup else 1):
             local //= 2
         elif kpi > 1:
             kpi //= 2
         else:
-            need = decode_shared_bytes(local, lanes, kpi, rows, p.dv, subgroup) + table
+            need = decode_shared_bytes(local, lanes, kpi, rows, p.dv, subgroup, 0, q_floats) \
+                + table
             raise AttentionLds(p.dv, need, profile.max_workgroup_memory)
 
     blocks = p.group_rows // rows
@@ -800,6 +814,15 @@ def choose_decode_schedule(
                 decode_shared_bytes(local, lanes, KEYS_PER_ITER, rows, p.dv, subgroup) <= \
                 profile.max_workgroup_memory:
             kpi = KEYS_PER_ITER
+    q_workgroup = bool(qwg_override)
+    if qwg_override is None and _long_16bit_chunks(p, profile, rows, lanes, splits, subgroup) \
+            and "keys_per_iter" not in ov_keys and decode_shared_bytes(
+                local, lanes, KEYS_PER_ITER, rows, p.dv, subgroup, 0, rows * p.dk) + table \
+            <= profile.max_workgroup_memory:
+        q_workgroup, kpi = True, KEYS_PER_ITER
+        splits = _split_count(p, profile, blocks, (local // lanes) * kpi, force_splits,
+                              max_splits)
+        groups = p.b * p.hkv * blocks * splits
     fused, min_chunk = _fused_combine(profile, groups, splits, force_splits, fused_override,
                                       min_chunk_override)
     combine_groups = -(-out_rows * p.dv // COMBINE_LOCAL)
@@ -811,8 +834,8 @@ def choose_decode_schedule(
         subgroup=subgroup, grid=fold_grid(groups, profile.max_grid),
         combine_grid=fold_grid(combine_groups, profile.max_grid), prefetch=prefetch,
         fused_combine=fused, combine_rounds=combine_rounds, f16_convert=f16_convert,
-        dot_reduce=dot_reduce,
-        lazy_rescale=lazy_rescale, dk_shared=p.dk_shared, min_chunk=min_chunk,
+        dot_reduce=dot_reduce, lazy_rescale=lazy_rescale, q_workgroup=q_workgroup,
+        dk_shared=p.dk_shared, min_chunk=min_chunk,
         pool_slots=p.pool_slots, select_block=p.select_block, select_k=p.select_k,
         select_heads=p.select_heads,
     )
@@ -833,6 +856,27 @@ def choose_decode_schedule(
                                       force_splits=force_splits, max_splits=max_splits,
                                       overrides={**(overrides or {}), "rows_per_wg": half})
     return r
+
+
+def _long_16bit_chunks(p: DecodeProblem, profile: DeviceProfile, rows: int, lanes: int,
+                       splits: int, subgroup: bool) -> bool:
+    """Split 16-bit K/V whose workgroups each stream at least LONG_CHUNK_KEYS keys, several
+    rows at fewer than 16 lanes per key: there the query rows go to workgroup memory
+    (``DecodeRequest.q_workgroup``) and the registers they held carry 4 keys a step.
+
+    H200, D=128, (1,32,8,131072) F16 (16 splits, 8192 keys a workgroup, 8 lanes per key),
+    three runs of one session (bench/decode_probe.py --calls 10): 140.7-140.9 us against
+    144.9-145.9 as before (2 keys a step, the query in registers: 251 registers a lane,
+    NVIDIA's pipeline statistics; 172 with the query in workgroup memory, 254 with it
+    there and 4 keys a step; 4 keys a step with the query in registers, 255, ran
+    146.8-147.3; the query read from its buffer at each use with 4 keys a step, 158-160).
+    Shorter chunks lose: (1,32,8,65536) (4096 keys a workgroup) 80.2 us against 78.7,
+    (1,32,8,32768) 50.1 against 46.2; and the query in workgroup memory at the keys a step
+    planned now is slower: (1,32,8,32768) 55.5 us against 46.2, (8,32,8,8192) 82.9 against
+    77.6, (32,32,8,2048) 72.7 against 71.8."""
+    return (kv_itemsize(p.kv_dtype) == 2 and rows > 1 and lanes < 16 and splits > 1
+            and subgroup and bool(profile.compute_units) and profile.device_type != "cpu"
+            and p.keys // splits >= LONG_CHUNK_KEYS)
 
 
 def check_request(r: DecodeRequest) -> None:
@@ -881,6 +925,8 @@ def _check_matrix(r: DecodeRequest, bad) -> None:
     """The matrix kernel's own constraints (see DecodeRequest.matrix)."""
     if r.matrix != 16:
         raise bad("matrix must be 0 or 16")
+    if r.q_workgroup:
+        raise bad("q_workgroup is the scalar kernel's (the matrix kernel stages its query)")
     if r.kv_dtype != "f16" or r.paged:
         raise bad("the matrix kernel reads dense f16 K/V")
     if any(w % 16 for w in (*r.key_widths, r.dv)):
@@ -910,7 +956,8 @@ COOPMAT_SHAPE = "16x16x16 f16 f16 f32 f32"
 MATRIX = 16
 #: Schedule overrides that only the scalar kernel reads.
 SCALAR_ONLY = frozenset({"lanes_per_key", "keys_per_iter", "load_elems", "subgroup",
-                         "max_rows", "f16_convert", "dot_reduce", "lazy_rescale"})
+                         "max_rows", "f16_convert", "dot_reduce", "lazy_rescale",
+                         "q_workgroup"})
 #: The matrix kernel is planned (where the device has it) when a KV head's query rows hold
 #: more than this many query + accumulator floats, group_rows * (dk + dv): there the scalar
 #: kernel is bound by its per-lane registers and FMAs. H200, one session

@@ -11,9 +11,10 @@ and applies one online-softmax update per row for the KPI keys.
 
 The running state is generated named registers: ``q{r}_{x}`` (pre-scaled query slice),
 ``o{r}_{x}`` (accumulator slice), ``m{r}``, ``l{r}``; every index is resolved here in
-Python, so no private array exists (DESIGN.md). At the end the lane groups of a subgroup
-merge their (m, l, o) by xor shuffles, then the subgroups fold through workgroup memory, one
-row at a time.
+Python, so no private array exists (DESIGN.md). With ``q_workgroup`` the query slices are
+instead read from workgroup memory at each use (their registers go to more keys in flight).
+At the end the lane groups of a subgroup merge their (m, l, o) by xor shuffles, then the
+subgroups fold through workgroup memory, one row at a time.
 
 A -inf score adds exactly zero weight (every exp is guarded, so -inf - -inf never makes a
 NaN); a split whose chunk sees no key (or only -inf) writes the neutral (0, -inf, 0); a
@@ -181,6 +182,8 @@ def generate_decode_partial(r: DecodeRequest) -> str:
     red_rows = reduce_rows(R, KPI, WG)
     shared = [f"shared float s_m[{R * NG}];", f"shared float s_l[{R * NG}];",
               f"shared {vt} s_o[{NG * DVW}];"]
+    if r.q_workgroup:
+        shared.append(f"shared {vt} s_q[{R * DKW}];")
     if not r.subgroup:
         shared.append(f"shared float s_red[{red_rows * KPI * WG}];")
     if r.select_block:
@@ -211,27 +214,43 @@ def generate_decode_partial(r: DecodeRequest) -> str:
         emit("uint kvrow = bg * LK_CAP;  // first key row of this KV head")
     if UKS:
         emit("uint ksrow = b * LK_CAP;  // first k_shared row of this batch row (every head)")
+
+    def q_index(x: int) -> str:
+        """Where a lane's query vector ``x`` sits in its row (in float vectors)."""
+        d, e = divmod(x, per)
+        # a split key's shared channels follow k's own ones in q
+        base = "" if d < UKN else f"{(r.dk - r.dk_shared) // W}u + "
+        d = d if d < UKN else d - UKN
+        return f"{base}(({d * LPK}u + li) * {per}u + {e}u)"
+
+    def qv(i: int, x: int) -> str:
+        """Row ``i``'s query vector ``x``: a named register, or (``q_workgroup``) its place
+        in workgroup memory, read at each use."""
+        return f"s_q[{i * DKW}u + {q_index(x)}]" if r.q_workgroup else f"q{i}_{x}"
+
     def query_rows() -> None:
         """The block's query slices (pre-scaled) and running state: orow = (b * HKV + g) *
         GROUP_ROWS + rbase + r. Emitted after step 0's K/V loads are issued, so the query's
         loads need not precede theirs (H200, bench/decode_timeline.py: the time before the
         key loop, 3.0-3.2 us at (1,32,8,32768) F16, is step 0's first K/V latency either
-        way)."""
+        way). With ``q_workgroup`` the first lane group stores the slices to workgroup
+        memory (every lane group reads the same ones) and a barrier follows the rows."""
         for i in range(R):
             emit(f"uint orow{i} = bg * {r.group_rows}u + rbase + {i}u;")
             for x in range(NQX):
-                d, e = divmod(x, per)
-                # a split key's shared channels follow k's own ones in q
-                base = "" if d < UKN else f"{(r.dk - r.dk_shared) // W}u + "
-                d = d if d < UKN else d - UKN
-                emit(f"{vt} q{i}_{x} = q[orow{i} * {DKW}u + {base}(({d * LPK}u + li) * "
-                     f"{per}u + {e}u)] * SCALE;")
+                src = f"q[orow{i} * {DKW}u + {q_index(x)}] * SCALE"
+                if r.q_workgroup:
+                    emit(f"if (gi == 0u) {qv(i, x)} = {src};")
+                else:
+                    emit(f"{vt} {qv(i, x)} = {src};")
             if r.mask is not None:
                 emit(mask_row(r, f"mrow{i}", f"rbase + {i}u"))
             for x in range(NOX):
                 emit(f"{vt} o{i}_{x} = {vt}(0.0);")
             emit(f"float m{i} = NEG_INF;")
             emit(f"float l{i} = 0.0;")
+        if r.q_workgroup:
+            emit("barrier();  // s_q holds the rows' query slices")
 
     def key_rows(it: str, ind: int, decl: str = "uint ") -> None:
         """t/ok/tt/kb/vb of the keys of step ``it`` (reads past the chunk are clamped)."""
@@ -331,7 +350,7 @@ def generate_decode_partial(r: DecodeRequest) -> str:
     # partial dots
     for i in range(R):
         for j in range(KPI):
-            terms = " + ".join(dot(f"q{i}_{x}", f"kf{j}_{x}") for x in range(NQX))
+            terms = " + ".join(dot(qv(i, x), f"kf{j}_{x}") for x in range(NQX))
             emit(f"float s{i}_{j} = {terms};", 2)
     # reduce across the LPK lanes of a key group
     if LPK > 1:

@@ -6,6 +6,7 @@ subgroup and shared-memory reductions, and a live length read from a buffer."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from pootvk.errors import DtypeLowering, ShapeError
 from pootvk.plan.decode_schedule import (
     MIN_CHUNK,
     DecodeProblem,
+    check_request,
     choose_decode_schedule,
     chunk_for,
     default_splits,
@@ -275,6 +277,22 @@ def test_fused_combine_in_one_or_two_rounds_of_loads(device, rounds, splits):
     assert ("combine2" in req.describe()) == (rounds == 2)
 
 
+@pytest.mark.parametrize("subgroup", [True, False], ids=["subgroup", "shared"])
+@pytest.mark.parametrize("kv,splits", [("f32", 1), ("f16", 7), ("bf16", 16)])
+def test_query_in_workgroup_memory(device, kv, splits, subgroup):
+    """``q_workgroup``: the rows' query slices stored once to workgroup memory and read at
+    each use, with 4 keys a step (as planned for long 16-bit chunks), over widths that
+    differ (Dk 72, Dv 40), ALiBi, a softcap, live lengths that leave splits empty and a row
+    block of several rows."""
+    req, got = case(device, b=2, hq=8, hkv=2, lk=1000, dk=72, dv=40, kv=kv, mask="alibi",
+                    softcap=8.0, splits=splits, subgroup=subgroup, live=[1000, 517],
+                    seed=splits, overrides={"q_workgroup": True, "keys_per_iter": 4,
+                                            "rows_per_wg": 2})
+    assert req.q_workgroup and req.keys_per_iter == 4 and req.rows_per_wg == 2
+    assert "qwg" in req.describe() and "s_q[" in generate_decode(req)[0]
+    assert np.isfinite(got).all()
+
+
 def test_fp16_conversion_variant(device):
     if not device.profile.extra.get("shader_float16"):
         pytest.skip("no shaderFloat16")
@@ -314,12 +332,13 @@ def test_row_blocks(device):
     dk=st.sampled_from([40, 64, 72, 128]), dv=st.sampled_from([40, 64, 72, 128]),
     mask=st.sampled_from([None, "shared", "alibi"]), softcap=st.sampled_from([None, 8.0]),
     kv=st.sampled_from(["f32", "f16", "bf16"]), splits=st.sampled_from([1, 2, 7, 16]),
-    subgroup=st.booleans(), seed=st.integers(0, 2**16),
+    subgroup=st.booleans(), qwg=st.booleans(), seed=st.integers(0, 2**16),
 )
 def test_sweep(device, b, n_rep, hkv, lq, lk, dk, dv, mask, softcap, kv, splits, subgroup,
-               seed):
+               qwg, seed):
     case(device, b=b, hq=hkv * n_rep, hkv=hkv, lq=lq, lk=lk, dk=dk, dv=dv, mask=mask,
-         softcap=softcap, kv=kv, splits=splits, subgroup=subgroup, seed=seed)
+         softcap=softcap, kv=kv, splits=splits, subgroup=subgroup, seed=seed,
+         overrides={"q_workgroup": True} if qwg else None)
 
 
 # --- pure checks: sources and the chooser ---------------------------------------------------
@@ -380,6 +399,12 @@ def test_split_rule_on_the_h200_profile():
     assert mid.fused_combine and mid.launches == 1  # 2.91 per SM <= FUSED_WAVES_PER_CU
     assert combine_in_one_round(mid) and combine_in_one_round(r)
     assert big.keys_per_iter == 4  # unsplit 16-bit K/V at 8 lanes, 128-lane workgroups
+    # 8192 keys a workgroup at 8 lanes: the query in workgroup memory, 4 keys a step
+    long = req(1, 32, 8, 131072)
+    assert long.q_workgroup and long.keys_per_iter == 4 and long.splits == 16
+    assert long.chunk == 8192 and long.local_size == 256 and long.fused_combine
+    assert not any(x.q_workgroup for x in (r, mid, big, req(1, 32, 8, 65536),
+                                           req(1, 32, 8, 131072, "f32")))
     lav = recorded_profile("lavapipe")
     p = DecodeProblem(b=1, hq=32, hkv=8, lq=1, lk=32768, dk=128, dv=128, scale=0.1)
     assert choose_decode_schedule(p, lav, has_subgroup_shuffle=True).splits == 1
@@ -400,6 +425,12 @@ def test_chooser_limits():
                                has_subgroup_shuffle=False)
     with pytest.raises(ShapeError):
         DecodeProblem(b=1, hq=6, hkv=4, lq=1, lk=64, dk=64, dv=64, scale=0.1)
+    mat = choose_decode_schedule(
+        DecodeProblem(b=1, hq=32, hkv=8, lq=1, lk=4096, dk=128, dv=128, scale=0.1,
+                      kv_dtype="f16"), recorded_profile("nvidia_h200"),
+        has_subgroup_shuffle=True, overrides={"matrix": 16})
+    with pytest.raises(ShapeError, match="q_workgroup"):  # the matrix kernel stages q itself
+        check_request(replace(mat, q_workgroup=True))
     with pytest.raises(ShapeError):
         DecodeProblem(b=2, hq=8, hkv=4, lq=1, lk=64, dk=64, dv=64, scale=0.1, mask=(2, 3, 1))
     assert chunk_for(113, 16, 32) == 32 and chunk_for(1000, 7, 32) == 160
