@@ -763,6 +763,16 @@ def run(device: Device, shapes: list[Shape] | None = None, dtypes: list[str] | N
         skipped.append(msg)
         print(msg, file=out, flush=True)
 
+    # --- host overhead (item 5), before torch loads CUDA into this process: with it loaded
+    # the H200's empty submit measured 46.8 us in the bench against 14.5-16.2 alone (and the
+    # step's host time 53.6 us against 22.7-27.8), so the ratio said little about a pootvk
+    # process --------------------------------------------------------------------------------
+    ho = None
+    try:
+        ho = host_overhead(device, shapes[0], warm_s=warm_s, reps=max(reps, 100))
+    except Exception as e:
+        skip(f"host overhead skipped: {type(e).__name__}: {e}")
+
     # --- pootvk and torch, shape by shape --------------------------------------------------
     why_no_torch = torch_available()
     if why_no_torch:
@@ -788,13 +798,6 @@ def run(device: Device, shapes: list[Shape] | None = None, dtypes: list[str] | N
             print(f"  measured {shape_text(s)} {dt}: pootvk {_pct(r.ceiling_frac)} of ceiling"
                   + (f", torch {_pct(tr[s, dt].ceiling_frac)}" if (s, dt) in tr else ""),
                   file=sys.stderr, flush=True)
-
-    # --- host overhead (item 5) -----------------------------------------------------------
-    ho = None
-    try:
-        ho = host_overhead(device, shapes[0], warm_s=warm_s, reps=max(reps, 100))
-    except Exception as e:
-        skip(f"host overhead skipped: {type(e).__name__}: {e}")
 
     # --- llama.cpp ------------------------------------------------------------------------
     ll: dict[tuple[Shape, str], Row] = {}
