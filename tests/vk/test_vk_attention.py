@@ -34,6 +34,10 @@ SCHEDULES = {
     # accumulators rescaled only when a row's running max moves
     "scatter_lazy": {"schedule": "grouped", "splits": 2, "dot_reduce": "scatter",
                      "lazy_rescale": True},
+    # the long-16-bit-chunk variant the H200 picks: the query rows in workgroup memory,
+    # 4 keys a step
+    "query_workgroup": {"schedule": "grouped", "splits": 7, "q_workgroup": True,
+                        "keys_per_iter": 4},
 }
 
 

@@ -168,6 +168,9 @@ def check_request(req, schedule: str, *, slots: int) -> None:
         assert isinstance(req, DecodeRequest)
         if "splits" in forced:
             assert req.splits == forced["splits"]
+        for field, value in forced.items():  # every forced override reached the request
+            if field not in ("schedule", "splits"):
+                assert getattr(req, field) == value, field
     assert req.paged and req.pool_slots == slots
     assert req.push_constants() == (req.lk, slots)
     assert [b.dtype for b in req.bindings() if b.name == "read"] == [I32]
