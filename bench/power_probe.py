@@ -52,21 +52,13 @@ class Sampler:
         self.samples: list[tuple[float, float, int, int]] = []  # (t, W, MHz, reasons)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        nv = getattr(clock, "_pynvml", None)
-        self._reasons = None if nv is None else (
-            getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
-            or getattr(nv, "nvmlDeviceGetCurrentClocksThrottleReasons", None))
 
     def _run(self) -> None:
-        nv, h = self.clock._pynvml, self.clock.h
+        c = self.clock
         while not self._stop.is_set():
-            try:
-                w = nv.nvmlDeviceGetPowerUsage(h) / 1e3
-                mhz = nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)
-                why = int(self._reasons(h)) if self._reasons else 0
-                self.samples.append((time.perf_counter(), w, int(mhz), why))
-            except Exception:  # a failed sample only loses that sample
-                pass
+            w, mhz = c.power_w(), c.sm_mhz()
+            if w is not None and mhz is not None:  # a failed read only loses that sample
+                self.samples.append((time.perf_counter(), w, mhz, c.event_reasons() or 0))
             self._stop.wait(self.period)
 
     def __enter__(self) -> Sampler:
@@ -161,11 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     dtypes = a.dtype or ["float16"]
     device = Device(a.device)
     clock = SmClock(device.name)
-    limit = None
+    limit = clock.power_limit_w()
     if clock.h is not None:
-        limit = clock._pynvml.nvmlDeviceGetEnforcedPowerLimit(clock.h) / 1e3
         print(f"device: {device.name}; SM clock max {clock.max_mhz} MHz; "
-              f"enforced power limit {limit:.0f} W", flush=True)
+              f"enforced power limit {'?' if limit is None else f'{limit:.0f}'} W", flush=True)
     else:
         print(f"device: {device.name}; {clock.note}", flush=True)
     why_no_torch = torch_available()

@@ -206,13 +206,40 @@ class SmClock:
             self.h = None
             self.note = f"SM clock not logged: {type(e).__name__}: {e}".splitlines()[0]
 
-    def sm_mhz(self) -> int | None:
+    def _read(self, name: str, *args: Any) -> Any:
+        """NVML's ``name``(handle, *args), or None without NVML or when the call fails."""
         if self.h is None:
             return None
         try:
-            return int(self._pynvml.nvmlDeviceGetClockInfo(self.h, self._pynvml.NVML_CLOCK_SM))
+            return getattr(self._pynvml, name)(self.h, *args)
         except Exception:
             return None
+
+    def sm_mhz(self) -> int | None:
+        if self.h is None:
+            return None
+        mhz = self._read("nvmlDeviceGetClockInfo", self._pynvml.NVML_CLOCK_SM)
+        return None if mhz is None else int(mhz)
+
+    def power_w(self) -> float | None:
+        """The board's power draw now (W)."""
+        mw = self._read("nvmlDeviceGetPowerUsage")
+        return None if mw is None else mw / 1e3
+
+    def power_limit_w(self) -> float | None:
+        """The enforced power limit (W): past it the driver lowers the clock."""
+        mw = self._read("nvmlDeviceGetEnforcedPowerLimit")
+        return None if mw is None else mw / 1e3
+
+    def event_reasons(self) -> int | None:
+        """NVML's clock-event reason bits now (why the clock is below its maximum); the
+        call's older name where the binding predates the new one."""
+        nv = getattr(self, "_pynvml", None)
+        name = "nvmlDeviceGetCurrentClocksEventReasons"
+        if nv is not None and not hasattr(nv, name):
+            name = "nvmlDeviceGetCurrentClocksThrottleReasons"
+        bits = self._read(name)
+        return None if bits is None else int(bits)
 
     def check(self, what: str, out) -> int | None:
         """Read the clock; warn (one line) when it is under 95% of the device maximum."""
