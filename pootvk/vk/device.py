@@ -96,6 +96,25 @@ class Device:
         self._procs: dict[str, Any] = {}
         self._create_device(chosen)
         live_devices.add(self)
+        if self.profile.extra.get("coopmat"):
+            self._probe_coopmat_layout()
+
+    def _probe_coopmat_layout(self) -> None:
+        """Record the element layout of the device's cooperative matrices in its profile
+        (``extra["coopmat_layout"]``, see ``coopmat_layout``): the register-fed decode
+        kernel is planned only on the layout it is written for. A probe that fails leaves
+        "unprobed: <why>", which no kernel takes."""
+        from dataclasses import replace
+
+        from .coopmat_layout import probe_coopmat_layout
+
+        try:
+            layout = probe_coopmat_layout(self)
+        except Exception as e:  # noqa: BLE001  # any failure: the kernel is not planned
+            log.warning("%s: cooperative-matrix layout probe failed: %s", self.name, e)
+            layout = f"unprobed: {type(e).__name__}"
+        self.profile = replace(self.profile, extra={**self.profile.extra,
+                                                    "coopmat_layout": layout})
 
     def _create_device(self, chosen: PhysicalDeviceInfo) -> None:
         priorities = [1.0]
