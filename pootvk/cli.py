@@ -166,7 +166,8 @@ def kernel_summary(req: object) -> str:
                 + "; ".join(kernel_summary(p) for p in req.parts))
     if isinstance(req, DecodeRequest) and req.matrix:
         extra = ", fused combine" if req.splits > 1 and req.fused_combine else ""
-        return (f"tensor-core split-KV (staged cooperative matrices "
+        feed = "register-fed" if req.matrix_feed == "registers" else "staged"
+        return (f"tensor-core split-KV ({feed} cooperative matrices "
                 f"{req.matrix}x{req.matrix}x{req.matrix}): {req.workgroups} workgroups x "
                 f"{req.local_size} lanes ({req.rows_per_wg} rows each, {req.tile} keys/step"
                 f"{', query hi+lo' if req.q_split else ''}), splits={req.splits}{extra}, "

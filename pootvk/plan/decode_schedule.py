@@ -267,6 +267,12 @@ class DecodeRequest(_GroupShape):
     #: the step's keys per subgroup (the tile is local_size / 32 * keys_per_iter); the query
     #: rows of a block, padded to 16, are one matrix dimension. 0: the scalar lane-group kernel.
     matrix: int = 0
+    #: matrix kernel: how K/V reach the matrices. "staged": tiles copied through workgroup
+    #: memory (``attention_decode_staged``); "registers": each lane's 16-byte words written
+    #: into the matrix elements it owns (``attention_decode_regfed``: one 16-key block per
+    #: subgroup a step, no barrier in the key loop; needs the device's element layout to be
+    #: REGFED_LAYOUT, rows <= 16, Dk a multiple of 32, Dv of 64, dense keys)
+    matrix_feed: str = "staged"
     #: matrix kernel: the scaled query is held as two f16 parts (hi + lo, two products per
     #: key block), so rounding it to f16 costs no accuracy (needs a tile of >= 32 keys)
     q_split: bool = False
@@ -344,6 +350,8 @@ class DecodeRequest(_GroupShape):
     def shared_bytes(self) -> int:
         fused = self.splits if self.splits > 1 and self.fused_combine else 0
         table = select_table_bytes(self.select_k if self.select_block else -1)
+        if self.matrix and self.matrix_feed == "registers":
+            return regfed_shared_bytes(self.local_size // 32, self.rows_per_wg, self.dv, fused)
         if self.matrix:
             return staged_shared_bytes(self.local_size // 32, self.tile, self.dk, self.dv,
                                        self.rows_per_wg, fused) + table
@@ -417,6 +425,7 @@ class DecodeRequest(_GroupShape):
             f"{'qwg ' if self.q_workgroup else ''}"
             f"{f'min_chunk={self.min_chunk} ' if self.min_chunk else ''}"
             f"{f'coopmat{self.matrix} ' if self.matrix else ''}"
+            f"{'regfed ' if self.matrix and self.matrix_feed == 'registers' else ''}"
             f"{'qsplit ' if self.q_split else ''}"
             f"{f'prefetch_steps={self.prefetch_steps} ' if self.prefetch_steps > 1 else ''}"
             f"{f'score_acc={self.score_accumulators} ' if self.score_accumulators > 1 else ''}"
@@ -514,6 +523,30 @@ def staged_shared_bytes(subgroups: int, tile: int, dk: int, dv: int, rows: int,
     scores = 16 * max(rt * tile // 16, subgroups) * 80 + 16 * rt * (2 * tile + 16)
     combine = 16 * (2 * -(-rows * fused_splits // 4) + -(-rows // 4)) if fused_splits else 0
     return kv + scores + 3 * 64 * rt + 16 + combine
+
+
+#: The register-fed kernel folds its subgroups' accumulators in one round (every subgroup's
+#: rows in workgroup memory at once, one barrier) while they take at most this many bytes,
+#: else in log2(subgroups) rounds through half as many slots.
+REGFED_FLAT_FOLD_BYTES = 32768
+
+
+def regfed_fold_slots(subgroups: int, rows: int, dv: int) -> int:
+    """Accumulator slots (rows x dv floats each) of the register-fed kernel's fold: every
+    subgroup's where they fit REGFED_FLAT_FOLD_BYTES, else half of them (0: one subgroup)."""
+    if subgroups == 1:
+        return 0
+    return subgroups if subgroups * rows * dv * 4 <= REGFED_FLAT_FOLD_BYTES else subgroups // 2
+
+
+def regfed_shared_bytes(subgroups: int, rows: int, dv: int, fused_splits: int = 0) -> int:
+    """Workgroup memory of the register-fed matrix kernel: each subgroup's (m, l) per row,
+    the fold of the subgroups' accumulators (``regfed_fold_slots``), the arrival flag and
+    the fused combine's weights (as ``attention_decode_regfed`` lays them out)."""
+    ml = 2 * 16 * -(-subgroups * rows // 4)
+    fold = regfed_fold_slots(subgroups, rows, dv) * rows * dv * 4
+    combine = 16 * (2 * -(-rows * fused_splits // 4) + -(-rows // 4)) if fused_splits else 0
+    return ml + fold + 16 + combine
 
 
 LAST_FLAG_BYTES = 4  # shared uint s_last of the fused combine
@@ -661,15 +694,29 @@ def choose_decode_schedule(
     """
     ov = dict(overrides or {})
     matrix = ov.pop("matrix", None)
+    feed = ov.pop("matrix_feed", None)
+    if feed is not None and matrix is None:
+        matrix = MATRIX
     if matrix is None and ov.keys() & SCALAR_ONLY:
         matrix = 0  # overrides only the scalar kernel has: measure the scalar kernel
+    if matrix is None and regfed_planned(p, profile, has_subgroup_shuffle) and \
+            _choose_regfed(p, profile, None, max_splits, dict(ov)).chunk >= REGFED_MIN_CHUNK:
+        matrix, feed = MATRIX, "registers"  # (the chunk of the unforced split count)
     if matrix is None:
         matrix = MATRIX if (matrix_supported(p, profile, has_subgroup_shuffle)
                             and p.group_rows * (p.dk + p.dv) > MATRIX_MIN_STATE) else 0
     elif int(matrix) and not matrix_supported(p, profile, has_subgroup_shuffle):
         raise ShapeError(f"decode schedule: the matrix kernel cannot serve {p} on "
                          f"{profile.name} (see matrix_supported)")
+    if int(matrix) and feed == "registers":
+        if not regfed_supported(p, profile, has_subgroup_shuffle):
+            raise ShapeError(f"decode schedule: the register-fed matrix kernel cannot serve "
+                             f"{p} on {profile.name} (see regfed_supported)")
+        return _choose_regfed(p, profile, force_splits, max_splits, ov)
     if int(matrix):
+        if feed not in (None, "staged"):
+            raise ShapeError(f"decode schedule: matrix_feed must be 'staged' or 'registers', "
+                             f"not {feed!r}")
         return _choose_matrix(p, profile, force_splits, max_splits, ov)
     ov_keys = frozenset(ov)
     bytes_ = kv_itemsize(p.kv_dtype)
@@ -925,6 +972,19 @@ def _check_matrix(r: DecodeRequest, bad) -> None:
     """The matrix kernel's own constraints (see DecodeRequest.matrix)."""
     if r.matrix != 16:
         raise bad("matrix must be 0 or 16")
+    if r.matrix_feed not in ("staged", "registers"):
+        raise bad("matrix_feed must be 'staged' or 'registers'")
+    if r.matrix_feed == "registers":
+        if r.dk % 32 or r.dv % 64 or r.dk_shared or r.select_block:
+            raise bad("the register-fed matrix kernel reads dense keys with Dk a multiple of "
+                      "32 and Dv of 64")
+        if r.rows_per_wg > 16 or r.keys_per_iter != 16 or r.prefetch_steps != 1 \
+                or r.score_accumulators != 1:
+            raise bad("the register-fed matrix kernel serves <= 16 rows, one 16-key block a "
+                      "subgroup a step, one step in flight, one score accumulator")
+        nsg = r.local_size // 32
+        if nsg & (nsg - 1):
+            raise bad("the register-fed matrix kernel folds a power-of-two count of subgroups")
     if r.q_workgroup:
         raise bad("q_workgroup is the scalar kernel's (the matrix kernel stages its query)")
     if r.kv_dtype != "f16" or r.paged:
@@ -940,7 +1000,7 @@ def _check_matrix(r: DecodeRequest, bad) -> None:
     nsg, nkb = r.local_size // 32, r.tile // 16
     if r.tile % 16 or not nkb or (nkb % nsg and nsg % nkb):
         raise bad("the tile is whole 16-key blocks that divide or are divided by the subgroups")
-    if r.q_split and r.tile < 32:
+    if r.q_split and r.tile < 32 and r.matrix_feed == "staged":
         raise bad("the matrix kernel keeps the query's lo part in tile rows 16..31")
     if r.splits < 1 or (r.min_chunk and not (r.splits > 1 and r.fused_combine)):
         raise bad("splits >= 1; min_chunk needs a fused split")
@@ -958,6 +1018,25 @@ MATRIX = 16
 SCALAR_ONLY = frozenset({"lanes_per_key", "keys_per_iter", "load_elems", "subgroup",
                          "max_rows", "f16_convert", "dot_reduce", "lazy_rescale",
                          "q_workgroup"})
+#: The element layout the register-fed matrix kernel is written for
+#: (``pootvk.vk.coopmat_layout``, read back from the device into its profile).
+REGFED_LAYOUT = "nv_mma"
+#: Widest Dk and Dv the register-fed kernel takes (its registers, see regfed_supported).
+REGFED_MAX_WIDTH = 128
+#: Fewest query rows per KV head for which the planner takes the register-fed kernel.
+REGFED_MIN_ROWS = 2
+#: ... and the fewest keys a workgroup streams (its chunk): its fixed costs (the query
+#: staged into matrices, the fold of the subgroups, a longer combine) are paid per
+#: workgroup. H200, F16 D=128, one call (bench/decode_probe.py --calls 10), register-fed
+#: against the scalar kernel: (1,32,8,131072) chunk 8192 137.6-139.5 us vs 141.0;
+#: (8,32,8,8192) 4096 74.0-74.7 vs 77.9-80.4; (32,32,8,2048) 2048 72.3-73.0 vs 71.8;
+#: (1,32,8,32768) 2048 48.2-48.7 vs 46.2; (1,32,8,4096) 256 17.1-18.2 vs 14.4;
+#: (1,8,1,65536) 1024 30.5 vs 29.3.
+REGFED_MIN_CHUNK = 4096
+#: Subgroups per register-fed workgroup: where the row blocks fill the compute units
+#: (two 128-lane workgroups an SM), and where splits fill them (one 256-lane workgroup).
+REGFED_SUBGROUPS = 4
+REGFED_SUBGROUPS_FEW = 8
 #: The matrix kernel is planned (where the device has it) when a KV head's query rows hold
 #: more than this many query + accumulator floats, group_rows * (dk + dv): there the scalar
 #: kernel is bound by its per-lane registers and FMAs. H200, one session
@@ -995,6 +1074,86 @@ def matrix_supported(p: DecodeProblem, profile: DeviceProfile, has_subgroup_shuf
             and bool(ex.get("storage_buffer_16bit")) and p.kv_dtype == "f16"
             and not p.pool_slots and not (p.select_block and p.lq > 1)
             and all(w % 16 == 0 for w in (*p.key_widths, p.dv)))
+
+
+def regfed_supported(p: DecodeProblem, profile: DeviceProfile,
+                     has_subgroup_shuffle: bool) -> bool:
+    """Whether the register-fed matrix kernel can serve ``p`` on ``profile``: the matrix
+    kernel's needs (``matrix_supported``), the element layout it is written for read back
+    from the device (``extra["coopmat_layout"]`` = REGFED_LAYOUT), dense keys with Dk a
+    multiple of 32 and Dv of 64, both at most REGFED_MAX_WIDTH (a lane holds Dv / 2
+    accumulator floats, Dk / 2 query halves and two steps of K/V words: 254 registers at
+    128)."""
+    return (matrix_supported(p, profile, has_subgroup_shuffle)
+            and profile.extra.get("coopmat_layout") == REGFED_LAYOUT
+            and not p.dk_shared and not p.select_block
+            and p.dk % 32 == 0 and p.dv % 64 == 0
+            and p.dk <= REGFED_MAX_WIDTH and p.dv <= REGFED_MAX_WIDTH)
+
+
+def regfed_planned(p: DecodeProblem, profile: DeviceProfile, has_subgroup_shuffle: bool) -> bool:
+    """Whether the planner may take the register-fed matrix kernel for ``p``: where it is
+    supported and a KV head serves at least REGFED_MIN_ROWS query rows (with one row the
+    matrices are 1/16 used and the scalar kernel's per-byte work is small). It then takes
+    it when its workgroups stream at least REGFED_MIN_CHUNK keys each."""
+    return p.group_rows >= REGFED_MIN_ROWS and regfed_supported(p, profile, has_subgroup_shuffle)
+
+
+def _choose_regfed(p: DecodeProblem, profile: DeviceProfile, force_splits: int | None,
+                   max_splits: int, ov: dict) -> DecodeRequest:
+    """The register-fed matrix kernel's schedule: up to 16 rows a workgroup (the largest
+    divisor of the group); when the (batch row, KV head, row block) workgroups do not fill
+    the compute units, REGFED_SUBGROUPS_FEW subgroups a workgroup and splits for one
+    workgroup per compute unit (at most MAX_SPLITS, MAX_SPLITS_FEW where even that leaves
+    half of them idle), else REGFED_SUBGROUPS and the scalar kernel's split rule; the next
+    step's words in flight and the query as hi + lo f16 parts. H200 (255 registers a lane:
+    one 256-lane or two 128-lane workgroups an SM), F16 D=128, partial kernel of a
+    hand-written prototype (BENCHMARKS.md, session 23): (1,32,8,131072) 16 splits x 256
+    lanes 128.2 us, 32 x 128 127.7; (8,32,8,8192) 2 x 256 69.2, 4 x 128 68.5;
+    (32,32,8,2048) unsplit 128 lanes 68.4, 64 lanes 78.5."""
+    rows = int(ov.pop("rows_per_wg", _rows_per_wg(p.group_rows, 16)))
+    blocks = p.group_rows // rows
+    base = p.b * p.hkv * blocks
+    cu = profile.compute_units
+    few = bool(cu) and base < cu and p.lq == 1 and profile.device_type != "cpu"
+    nsg = int(ov.pop("local_size", 32 * (REGFED_SUBGROUPS_FEW if few else REGFED_SUBGROUPS)))
+    nsg //= 32
+    tile = 16 * nsg
+    prefer = None
+    if few:
+        cap = max_splits
+        if base * max_splits * 2 <= cu and p.kv_bytes > FEW_SPLITS_BYTES * p.b * p.hkv:
+            cap = max(cap, MAX_SPLITS_FEW)
+        most = max(1, p.keys // (-(-MIN_CHUNK // tile) * tile))
+        prefer = max(1, min(cap, cu // base, most))
+    splits = _split_count(p, profile, blocks, tile, force_splits, max_splits, prefer)
+    prefetch = bool(ov.pop("prefetch", True))
+    q_split = bool(ov.pop("q_split", True))
+    fused_override = ov.pop("fused_combine", None)
+    min_chunk_override = ov.pop("min_chunk", None)
+    combine_rounds = int(ov.pop("combine_rounds", DecodeRequest.combine_rounds))
+    if ov:
+        raise TypeError(f"unknown register-fed matrix schedule overrides: {sorted(ov)}")
+    out_rows = p.b * p.hq * p.lq
+    groups = base * splits
+    fused, min_chunk = _fused_combine(profile, groups, splits, force_splits, fused_override,
+                                      min_chunk_override)
+    r = DecodeRequest(
+        b=p.b, hq=p.hq, hkv=p.hkv, lq=p.lq, lk=p.lk, dk=p.dk, dv=p.dv, scale=float(p.scale),
+        softcap=None if p.softcap is None else float(p.softcap), mask=p.mask,
+        kv_dtype=p.kv_dtype, live_len=p.live_len, splits=splits, rows_per_wg=rows,
+        lanes_per_key=32, local_size=32 * nsg, keys_per_iter=16, load_elems=8,
+        subgroup=True, grid=fold_grid(groups, profile.max_grid),
+        combine_grid=fold_grid(-(-out_rows * p.dv // COMBINE_LOCAL), profile.max_grid),
+        prefetch=prefetch, fused_combine=fused, combine_rounds=combine_rounds,
+        min_chunk=min_chunk, matrix=MATRIX, matrix_feed="registers", q_split=q_split,
+    )
+    if r.fused_combine and r.splits > 1 and r.shared_bytes > profile.max_workgroup_memory:
+        r = replace(r, fused_combine=False, min_chunk=0)
+    if r.shared_bytes > profile.max_workgroup_memory:
+        raise AttentionLds(p.dv, r.shared_bytes, profile.max_workgroup_memory)
+    check_request(r)
+    return r
 
 
 def _one_wave_splits(p: DecodeProblem, profile: DeviceProfile, blocks: int,

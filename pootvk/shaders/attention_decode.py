@@ -143,6 +143,10 @@ def _scatter_gather(names: list[str], lanes: int, emit) -> None:
 
 @generators.register(DecodeRequest)
 def generate_decode_partial(r: DecodeRequest) -> str:
+    if r.matrix and r.matrix_feed == "registers":
+        from .attention_decode_regfed import generate_decode_regfed
+
+        return generate_decode_regfed(r)
     if r.matrix:
         from .attention_decode_staged import generate_decode_staged
 
