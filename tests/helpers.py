@@ -134,3 +134,13 @@ def load_bench(name: str):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def without_regfed(profile):
+    """``profile`` without the cooperative-matrix layout read back from its device: the
+    planner's choices there are the scalar and staged kernels' (the register-fed one needs
+    the layout, ``pootvk.plan.decode_schedule.regfed_supported``)."""
+    from dataclasses import replace
+
+    return replace(profile, extra={k: v for k, v in profile.extra.items()
+                                   if k != "coopmat_layout"})
