@@ -54,7 +54,14 @@ L2_BYTES = 60 << 20
 TOL = 5e-4
 
 
-# --- clocks ---------------------------------------------------------------------------------
+# --- labels ---------------------------------------------------------------------------------
+
+
+def _matrix_tag(matrix: int | None, feed: str | None) -> str:
+    """" regfed" / " staged" for the tensor-core kernels, "" for the scalar one."""
+    if not matrix:
+        return ""
+    return " regfed" if feed == "registers" else " staged"
 
 
 # --- data -----------------------------------------------------------------------------------
@@ -309,7 +316,8 @@ def run_shape(device, shape, kvs, args, ceiling_gbps, clock, results):
                 f"{' 2launch' if req.launches == 2 else ''}"
                 f"{' combine2' if req.combine_rounds == 2 else ''}"
                 f"{' fp16cvt' if req.f16_convert == 'fp16' else ''}"
-                f"{' qwg' if req.q_workgroup else ''}")
+                f"{' qwg' if req.q_workgroup else ''}"
+                f"{_matrix_tag(req.matrix, req.matrix_feed)}")
             flag = "" if err <= TOL else "  <-- WRONG"
             print(f"{b},{hq},{hkv},{lk} {kv:4} {name:10} {ns / 1e3:9.1f} us {gbps:7.0f} GB/s "
                   f"{gbps / ceiling_gbps:6.1%} [{'+'.join(f'{x / 1e3:.1f}' for x in per)}] "
@@ -440,8 +448,9 @@ def main(argv: list[str] | None = None) -> int:
                    and x["kv"] == r["kv"]), None)
         q = r["request"]
         fused = q["fused_combine"] and q["splits"] > 1
+        mat = _matrix_tag(q.get("matrix"), q.get("matrix_feed"))
         sched = (f"splits={q['splits']} lpk={q['lanes_per_key']} wg={q['local_size']} "
-                 f"kpi={q['keys_per_iter']}{' fused' if fused else ''}")
+                 f"kpi={q['keys_per_iter']}{' fused' if fused else ''}{mat}")
         print(f"| {','.join(map(str, r['shape']))} | {r['kv']} | {r['fits']} | {r['us']:.1f} "
               f"| {r['gbps']:.0f} | {r['frac']:.1%} | {sched} | "
               f"{'-' if st is None else format(st['frac'], '.1%')} | {r['sm_mhz']} |")

@@ -388,7 +388,10 @@ def _schedule_of(request: Any) -> tuple[str, int | None]:
     text = request.describe()
     m = re.search(r"splits=(\d+)", text)
     splits = int(m.group(1)) if m else (1 if isinstance(request, AttentionRequest) else None)
-    if isinstance(request, DecodeRequest):
+    if isinstance(request, DecodeRequest):  # the scalar kernel, or which matrix kernel
+        if request.matrix:
+            return ("tensor cores, register-fed" if request.matrix_feed == "registers"
+                    else "tensor cores, staged"), splits
         return "grouped", splits
     if isinstance(request, DecodeCombineRequest):
         return "combine", splits

@@ -69,7 +69,8 @@ def test_bench_quick_prints_ratios_beside_every_time(capsys, device, tmp_path):
         frac = float(r[pv_header.index("of ceiling")].rstrip("%"))
         assert 0 < frac and np.isfinite(frac)
         assert r[pv_header.index("check (nse)")].endswith("OK")
-        assert r[pv_header.index("schedule")] in ("grouped", "streaming")
+        assert r[pv_header.index("schedule")] in ("grouped", "streaming", "tensor cores, staged",
+                                                  "tensor cores, register-fed")
     # 16-bit K/V: measured through the public path, or n/a with the reason
     for r in (r for r in pv_rows if r[1] == "float16"):
         assert r[4].startswith("n/a (") or float(r[4].rstrip("%")) > 0
