@@ -9,6 +9,8 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pootvk.errors import ShapeError
 from pootvk.plan.decode_schedule import (
@@ -23,6 +25,7 @@ from pootvk.plan.profile import recorded_profile
 from pootvk.shaders.attention_decode import generate_decode
 from pootvk.shaders.compiler import compile_glsl
 from pootvk.vk.coopmat_layout import NV_MMA, OTHER, classify, nv_mma_elements
+from tests.helpers import examples
 from tests.shaders.test_attention_decode import (
     PRIVATE_ARRAY,
     case,
@@ -140,6 +143,20 @@ def test_regfed_live_length_ignores_nan_past_it(rdevice, n, splits):
     assert req.matrix_feed == "registers"
     got = run_decode(rdevice, req, q, ks, vs, None, lens)
     check(got, reference(q, k64, v64, None, d ** -0.5, None, lens))
+
+
+@settings(max_examples=examples(6), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    b=st.integers(1, 3), n_rep=st.sampled_from([2, 4, 8, 12]), hkv=st.integers(1, 2),
+    lq=st.sampled_from([1, 3]), lk=st.sampled_from([1, 113, 128, 129, 1000, 4096]),
+    dk=st.sampled_from([64, 128]), dv=st.sampled_from([64, 128]),
+    mask=st.sampled_from([None, "shared", "alibi"]), softcap=st.sampled_from([None, 8.0]),
+    splits=st.sampled_from([1, 2, 7, 16]), seed=st.integers(0, 2**16),
+)
+def test_regfed_sweep(rdevice, b, n_rep, hkv, lq, lk, dk, dv, mask, softcap, splits, seed):
+    """Issue 7's sweep over what the kernel serves (f16, Dk/Dv its multiples of 32/64)."""
+    rcase(rdevice, b=b, hq=hkv * n_rep, hkv=hkv, lq=lq, lk=lk, dk=dk, dv=dv, mask=mask,
+          softcap=softcap, splits=splits, seed=seed)
 
 
 # --- sources and planner rules (everywhere) ------------------------------------------------
