@@ -690,7 +690,8 @@ def choose_decode_schedule(
     shaders (the profile does not record it yet). ``force_splits`` is the test hook that
     forces a split count (chunks may then be partial or empty). ``overrides`` replaces
     schedule fields (lanes_per_key, local_size, keys_per_iter, rows_per_wg, load_elems,
-    subgroup) for measurements; the result is checked like any other request.
+    subgroup) for measurements; ``matrix`` (0 or 16) and ``matrix_feed`` ("staged" or
+    "registers") pick a kernel. The result is checked like any other request.
     """
     ov = dict(overrides or {})
     matrix = ov.pop("matrix", None)
@@ -699,7 +700,11 @@ def choose_decode_schedule(
         matrix = MATRIX
     if matrix is None and ov.keys() & SCALAR_ONLY:
         matrix = 0  # overrides only the scalar kernel has: measure the scalar kernel
-    if matrix is None and regfed_planned(p, profile, has_subgroup_shuffle) and \
+    if feed is not None and not int(matrix):
+        raise ShapeError(f"decode schedule: matrix_feed={feed!r} names a matrix kernel, "
+                         "but matrix is 0")
+    if matrix is None and ov.keys() <= REGFED_OVERRIDES and \
+            regfed_planned(p, profile, has_subgroup_shuffle) and \
             _choose_regfed(p, profile, None, max_splits, dict(ov)).chunk >= REGFED_MIN_CHUNK:
         matrix, feed = MATRIX, "registers"  # (the chunk of the unforced split count)
     if matrix is None:
@@ -1037,6 +1042,10 @@ REGFED_MIN_CHUNK = 4096
 #: (two 128-lane workgroups an SM), and where splits fill them (one 256-lane workgroup).
 REGFED_SUBGROUPS = 4
 REGFED_SUBGROUPS_FEW = 8
+#: Schedule overrides the register-fed kernel reads (``_choose_regfed``); others (the
+#: staged kernel's tile, prefetch_steps ...) keep the planner off it unless it is named.
+REGFED_OVERRIDES = frozenset({"rows_per_wg", "local_size", "prefetch", "q_split",
+                              "fused_combine", "min_chunk", "combine_rounds"})
 #: The matrix kernel is planned (where the device has it) when a KV head's query rows hold
 #: more than this many query + accumulator floats, group_rows * (dk + dv): there the scalar
 #: kernel is bound by its per-lane registers and FMAs. H200, one session
@@ -1082,8 +1091,8 @@ def regfed_supported(p: DecodeProblem, profile: DeviceProfile,
     kernel's needs (``matrix_supported``), the element layout it is written for read back
     from the device (``extra["coopmat_layout"]`` = REGFED_LAYOUT), dense keys with Dk a
     multiple of 32 and Dv of 64, both at most REGFED_MAX_WIDTH (a lane holds Dv / 2
-    accumulator floats, Dk / 2 query halves and two steps of K/V words: 254 registers at
-    128)."""
+    accumulator floats, Dk / 2 query halves and two steps of K/V words: 255 registers at
+    128, none spilled)."""
     return (matrix_supported(p, profile, has_subgroup_shuffle)
             and profile.extra.get("coopmat_layout") == REGFED_LAYOUT
             and not p.dk_shared and not p.select_block

@@ -19,7 +19,7 @@ implementation. This kernel is written for the layout NVIDIA's driver uses for 1
 - B (16 x 16) element i: row ``2 lc + (i & 1) + 8 ((i >> 1) & 1)``, column ``lr + 8 (i >> 2)``;
 - the f32 accumulator: as A.
 
-``pootvk.vk.physical.probe_matrix_layout`` reads it back from the device (a matrix of known
+``pootvk.vk.coopmat_layout.probe_coopmat_layout`` reads it back from the device (a matrix of known
 elements loaded, every lane's elements written out); the planner takes this kernel only
 where the device's profile records ``coopmat_layout`` = "nv_mma" (``REGFED_LAYOUT``).
 

@@ -246,3 +246,13 @@ def test_refusals():
     with pytest.raises(TypeError):
         choose_decode_schedule(_problem(), H200, has_subgroup_shuffle=True,
                                overrides={**REG, "tile": 32})
+    with pytest.raises(ShapeError, match="matrix is 0"):
+        choose_decode_schedule(_problem(), H200, has_subgroup_shuffle=True,
+                               overrides={**REG, "matrix": 0})
+    # a staged kernel's knob without a kernel named keeps the planner off this one
+    long = _problem(lk=131072)
+    assert choose_decode_schedule(long, H200, has_subgroup_shuffle=True,
+                                  overrides={"local_size": 256}).matrix_feed == "registers"
+    r = choose_decode_schedule(long, H200, has_subgroup_shuffle=True,
+                               overrides={"matrix": 16, "tile": 32})
+    assert r.matrix_feed == "staged" and r.tile == 32
