@@ -1143,19 +1143,33 @@ def _choose_regfed(p: DecodeProblem, profile: DeviceProfile, force_splits: int |
     combine_rounds = int(ov.pop("combine_rounds", DecodeRequest.combine_rounds))
     if ov:
         raise TypeError(f"unknown register-fed matrix schedule overrides: {sorted(ov)}")
-    out_rows = p.b * p.hq * p.lq
-    groups = base * splits
+    return _matrix_request(p, profile, rows=rows, nsg=nsg, splits=splits,
+                           force_splits=force_splits, fused_override=fused_override,
+                           min_chunk_override=min_chunk_override, keys_per_iter=16,
+                           prefetch=prefetch, combine_rounds=combine_rounds,
+                           matrix_feed="registers", q_split=q_split)
+
+
+def _matrix_request(p: DecodeProblem, profile: DeviceProfile, *, rows: int, nsg: int,
+                    splits: int, force_splits: int | None, fused_override: object,
+                    min_chunk_override: object, **fields: object) -> DecodeRequest:
+    """A matrix kernel's request (staged or register-fed) from its rows a workgroup,
+    subgroups and splits: the fused combine by ``_fused_combine`` (dropped where its
+    weights would not fit the workgroup memory), ``AttentionLds`` where the kernel itself
+    does not fit, then checked. ``fields`` are the kernel's own DecodeRequest fields."""
+    groups = p.b * p.hkv * (p.group_rows // rows) * splits
     fused, min_chunk = _fused_combine(profile, groups, splits, force_splits, fused_override,
                                       min_chunk_override)
     r = DecodeRequest(
         b=p.b, hq=p.hq, hkv=p.hkv, lq=p.lq, lk=p.lk, dk=p.dk, dv=p.dv, scale=float(p.scale),
         softcap=None if p.softcap is None else float(p.softcap), mask=p.mask,
         kv_dtype=p.kv_dtype, live_len=p.live_len, splits=splits, rows_per_wg=rows,
-        lanes_per_key=32, local_size=32 * nsg, keys_per_iter=16, load_elems=8,
-        subgroup=True, grid=fold_grid(groups, profile.max_grid),
-        combine_grid=fold_grid(-(-out_rows * p.dv // COMBINE_LOCAL), profile.max_grid),
-        prefetch=prefetch, fused_combine=fused, combine_rounds=combine_rounds,
-        min_chunk=min_chunk, matrix=MATRIX, matrix_feed="registers", q_split=q_split,
+        lanes_per_key=32, local_size=32 * nsg, load_elems=8, subgroup=True,
+        grid=fold_grid(groups, profile.max_grid),
+        combine_grid=fold_grid(-(-p.b * p.hq * p.lq * p.dv // COMBINE_LOCAL),
+                               profile.max_grid),
+        fused_combine=fused, min_chunk=min_chunk, matrix=MATRIX,
+        **fields,  # type: ignore[arg-type]
     )
     if r.fused_combine and r.splits > 1 and r.shared_bytes > profile.max_workgroup_memory:
         r = replace(r, fused_combine=False, min_chunk=0)
@@ -1216,27 +1230,11 @@ def _choose_matrix(p: DecodeProblem, profile: DeviceProfile, force_splits: int |
     blocks = p.group_rows // rows
     splits = _split_count(p, profile, blocks, tile, force_splits, max_splits,
                           _one_wave_splits(p, profile, blocks, tile) if wide else None)
-    out_rows = p.b * p.hq * p.lq
-    groups = p.b * p.hkv * blocks * splits
-    fused, min_chunk = _fused_combine(profile, groups, splits, force_splits, fused_override,
-                                      min_chunk_override)
-    r = DecodeRequest(
-        b=p.b, hq=p.hq, hkv=p.hkv, lq=p.lq, lk=p.lk, dk=p.dk, dv=p.dv, scale=float(p.scale),
-        softcap=None if p.softcap is None else float(p.softcap), mask=p.mask,
-        kv_dtype=p.kv_dtype, live_len=p.live_len, splits=splits, rows_per_wg=rows,
-        lanes_per_key=32, local_size=32 * nsg, keys_per_iter=tile // nsg, load_elems=8,
-        subgroup=True,
-        grid=fold_grid(groups, profile.max_grid),
-        combine_grid=fold_grid(-(-out_rows * p.dv // COMBINE_LOCAL), profile.max_grid),
-        prefetch=prefetch, fused_combine=fused, combine_rounds=combine_rounds,
-        dk_shared=p.dk_shared, min_chunk=min_chunk, matrix=MATRIX, q_split=bool(q_split),
-        prefetch_steps=steps if prefetch else 1,
-        score_accumulators=nacc, select_block=p.select_block, select_k=p.select_k,
-        select_heads=p.select_heads,
-    )
-    if r.fused_combine and r.splits > 1 and r.shared_bytes > profile.max_workgroup_memory:
-        r = replace(r, fused_combine=False, min_chunk=0)
-    if r.shared_bytes > profile.max_workgroup_memory:
-        raise AttentionLds(p.dv, r.shared_bytes, profile.max_workgroup_memory)
-    check_request(r)
-    return r
+    return _matrix_request(p, profile, rows=rows, nsg=nsg, splits=splits,
+                           force_splits=force_splits, fused_override=fused_override,
+                           min_chunk_override=min_chunk_override, keys_per_iter=tile // nsg,
+                           prefetch=prefetch, combine_rounds=combine_rounds,
+                           dk_shared=p.dk_shared, q_split=bool(q_split),
+                           prefetch_steps=steps if prefetch else 1, score_accumulators=nacc,
+                           select_block=p.select_block, select_k=p.select_k,
+                           select_heads=p.select_heads)

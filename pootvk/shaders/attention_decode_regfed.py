@@ -57,18 +57,12 @@ from __future__ import annotations
 
 from ..plan.decode_schedule import DecodeRequest, check_request, regfed_fold_slots
 from .attention_decode import (
-    NEG_INF,
     decode_bindings,
     emit_chunk_prologue,
     emit_fused_combine,
     mask_row,
 )
-from .common import float_lit
-
-CM = "coopmat<{t}, gl_ScopeSubgroup, 16, 16, gl_MatrixUse{u}>"
-A16 = CM.format(t="float16_t", u="A")
-B16 = CM.format(t="float16_t", u="B")
-ACC = CM.format(t="float", u="Accumulator")
+from .attention_decode_staged import A16, ACC, B16, matrix_shader
 
 #: Key offsets (within a 16-key block) of a lane's four scores of one row and of its four
 #: V rows, from ``lc``: 2 lc + KOFF[e]. The same e indexes both.
@@ -270,29 +264,29 @@ def generate_decode_regfed(r: DecodeRequest) -> str:
         """Channel of accumulator tile j's element e (+ 4 h) in this lane."""
         return f"{DV // 8}u * (2u * lc + {e & 1}u) + {2 * j + (e >> 1)}u"
 
+    def each_row_element(slot: str, stmt: str, ind: int) -> None:
+        """Per row half of a real query row: ``ob``, the row's place in fold slot ``slot``
+        of sO, then ``stmt`` for each accumulator element ({o}: the element, {c}: its
+        channel)."""
+        for h in range(RH):
+            emit(f"if (real{h}) {{", ind)
+            emit(f"uint ob = ({slot} * {R}u + {row(h)}) * {DV}u;", ind + 1)
+            for j in range(DT):
+                for e in range(4):
+                    emit(stmt.format(o=f"o{j}[{4 * h + e}]", c=cols(j, e)), ind + 1)
+            emit("}", ind)
+
     def emit_tree_fold() -> None:
         """Half of the subgroups hand their accumulators to the other half, log2(NSG) rounds;
         subgroup 0 writes the rows."""
         half = NSG // 2
         while half >= 1:
             emit(f"if (sg >= {half}u && sg < {2 * half}u) {{")
-            for h in range(RH):
-                emit(f"if (real{h}) {{", 2)
-                emit(f"uint ob = ((sg - {half}u) * {R}u + {row(h)}) * {DV}u;", 3)
-                for j in range(DT):
-                    for e in range(4):
-                        emit(f"sO[ob + {cols(j, e)}] = o{j}[{4 * h + e}];", 3)
-                emit("}", 2)
+            each_row_element(f"(sg - {half}u)", "sO[ob + {c}] = {o};", 2)
             emit("}")
             emit("barrier();")
             emit(f"if (sg < {half}u) {{")
-            for h in range(RH):
-                emit(f"if (real{h}) {{", 2)
-                emit(f"uint ob = (sg * {R}u + {row(h)}) * {DV}u;", 3)
-                for j in range(DT):
-                    for e in range(4):
-                        emit(f"o{j}[{4 * h + e}] += sO[ob + {cols(j, e)}];", 3)
-                emit("}", 2)
+            each_row_element("sg", "{o} += sO[ob + {c}];", 2)
             emit("}")
             emit("barrier();")
             half //= 2
@@ -343,13 +337,7 @@ def generate_decode_regfed(r: DecodeRequest) -> str:
     if FLAT:
         # every subgroup's weighted accumulators at once, then the workgroup sums them
         # column by column (one barrier) and writes the rows with coalesced stores
-        for h in range(RH):
-            emit(f"if (real{h}) {{")
-            emit(f"uint ob = (sg * {R}u + {row(h)}) * {DV}u;", 2)
-            for j in range(DT):
-                for e in range(4):
-                    emit(f"sO[ob + {cols(j, e)}] = o{j}[{4 * h + e}];", 2)
-            emit("}")
+        each_row_element("sg", "sO[ob + {c}] = {o};", 1)
         emit("barrier();")
         n = -(-R * DV // WG)
         emit(f"for (uint i = 0u; i < {n}u; ++i) {{")
@@ -380,26 +368,4 @@ def generate_decode_regfed(r: DecodeRequest) -> str:
     if fused:
         emit_fused_combine(r, emit, "lane")
 
-    consts = [
-        "layout(push_constant) uniform Push { uint lk; } pc;  // keys per K/V head (stride)",
-        f"#define SCALE {float_lit(r.scale)}",
-        f"#define NEG_INF {NEG_INF}",
-    ]
-    if r.softcap is not None:
-        consts.append(f"#define SOFTCAP {float_lit(r.softcap)}")
-    ext = [
-        "#extension GL_EXT_control_flow_attributes : require",
-        "#extension GL_KHR_shader_subgroup_basic : require",
-        "#extension GL_KHR_shader_subgroup_shuffle : require",
-        "#extension GL_KHR_memory_scope_semantics : require",
-        "#extension GL_KHR_cooperative_matrix : require",
-        "#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require",
-        "#extension GL_EXT_shader_16bit_storage : require",
-    ]
-    return (
-        "#version 450\n" + "\n".join(ext) + "\n"
-        + f"layout(local_size_x = {WG}) in;\n"
-        + f"// {r.describe().replace(f'Lk={r.lk}', 'Lk=pc.lk')}\n"
-        + "".join(binds) + "\n".join(consts) + "\n" + "\n".join(shared)
-        + "\n\nvoid main() {\n" + "\n".join(L) + "\n}\n"
-    )
+    return matrix_shader(r, binds, shared, L)

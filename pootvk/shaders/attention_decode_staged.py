@@ -420,14 +420,24 @@ def generate_decode_staged(r: DecodeRequest) -> str:
     if fused:
         emit_fused_combine(r, emit, "lane")
 
-    consts = [
+    return matrix_shader(r, binds, shared, L,
+                         (f"#define RESCALE_SLACK {float_lit(RESCALE_SLACK)}",))
+
+
+def matrix_shader(r: DecodeRequest, binds: list[str], shared: list[str], body: list[str],
+                  consts: tuple[str, ...] = ()) -> str:
+    """A matrix decode kernel's whole source (staged and register-fed alike): the
+    cooperative-matrix extensions, the workgroup size, the request as a comment, the
+    bindings, the length push constant, SCALE / NEG_INF / SOFTCAP and ``consts``, the
+    workgroup variables, then ``body`` as main()."""
+    defs = [
         "layout(push_constant) uniform Push { uint lk; } pc;  // keys per K/V head (stride)",
         f"#define SCALE {float_lit(r.scale)}",
         f"#define NEG_INF {NEG_INF}",
-        f"#define RESCALE_SLACK {float_lit(RESCALE_SLACK)}",
+        *consts,
     ]
     if r.softcap is not None:
-        consts.append(f"#define SOFTCAP {float_lit(r.softcap)}")
+        defs.append(f"#define SOFTCAP {float_lit(r.softcap)}")
     ext = [
         "#extension GL_EXT_control_flow_attributes : require",
         "#extension GL_KHR_shader_subgroup_basic : require",
@@ -439,8 +449,8 @@ def generate_decode_staged(r: DecodeRequest) -> str:
     ]
     return (
         "#version 450\n" + "\n".join(ext) + "\n"
-        + f"layout(local_size_x = {WG}) in;\n"
+        + f"layout(local_size_x = {r.local_size}) in;\n"
         + f"// {r.describe().replace(f'Lk={r.lk}', 'Lk=pc.lk')}\n"
-        + "".join(binds) + "\n".join(consts) + "\n" + "\n".join(shared)
-        + "\n\nvoid main() {\n" + "\n".join(L) + "\n}\n"
+        + "".join(binds) + "\n".join(defs) + "\n" + "\n".join(shared)
+        + "\n\nvoid main() {\n" + "\n".join(body) + "\n}\n"
     )
