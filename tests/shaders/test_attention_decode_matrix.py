@@ -120,6 +120,14 @@ def test_matrix_masks_and_softcap(mdevice, mask, softcap):
 def test_matrix_live_length_ignores_nan_past_it(mdevice, n, splits):
     """Keys at t >= len[b] hold NaN in K and V: nothing of them reaches the output; a length
     is clamped into [0, Lk] (0: the row sees no key, NaN as the reference)."""
+    req = nan_past_live_case(mdevice, n, splits, {"matrix": 16})
+    assert req.matrix == 16
+
+
+def nan_past_live_case(device, n, splits, overrides):
+    """Two batch rows of live lengths n and max(1, n // 2) over a capacity of 512 f16 keys,
+    NaN planted in K and V past each, through the kernel ``overrides`` name at ``splits``
+    splits, against the float64 reference; returns the request."""
     b, hq, hkv, lk, d = 2, 8, 2, 512, 64
     rng = np.random.default_rng(n)
     q = rng.standard_normal((b, hq, 1, d), dtype=np.float32)
@@ -133,10 +141,11 @@ def test_matrix_live_length_ignores_nan_past_it(mdevice, n, splits):
         vs[bi, :, min(nb, lk):] = np.nan
     p = DecodeProblem(b=b, hq=hq, hkv=hkv, lq=1, lk=lk, dk=d, dv=d, scale=d ** -0.5,
                       kv_dtype="f16", live_len=True)
-    req = choose_decode_schedule(p, mdevice.profile, has_subgroup_shuffle=True,
-                                 force_splits=splits, overrides={"matrix": 16})
-    got = run_decode(mdevice, req, q, ks, vs, None, lens)
+    req = choose_decode_schedule(p, device.profile, has_subgroup_shuffle=True,
+                                 force_splits=splits, overrides=overrides)
+    got = run_decode(device, req, q, ks, vs, None, lens)
     check(got, reference(q, k64, v64, None, d ** -0.5, None, lens))
+    return req
 
 
 def test_matrix_split_key(mdevice):
