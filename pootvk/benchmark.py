@@ -574,7 +574,8 @@ def host_overhead(device: Device, shape: Shape, *, warm_s: float, reps: int) -> 
     stats = st.stats  # type: ignore[attr-defined]
     # Cumulative time of the step's phases (cProfile inflates Python-heavy ones).
     phases = {"check_bind": "check_bind", "write": "input writes", "_read": "output reads",
-              "submit": "submit + fence wait", "step": "Replay.step"}
+              "submit": "submit + fence wait", "step": "Replay.step",
+              "lean_step": "lean step (checks, writes, submit, output copy)"}
     per_step: dict[str, float] = {}
     for (_fn, _line, name), t in stats.items():
         if name in phases and (name != "step" or _fn.endswith("replay.py")):
