@@ -77,9 +77,11 @@ def probe_coopmat_layout(device: Device) -> str:
     dispatch. Only for a device that lists that matrix shape."""
     from pootvk.shaders.compiler import compile_glsl
 
+    from .pipeline import Pipeline
     from .recorder import BufferRange, Dispatch, Recorder
 
     vals = np.arange(256, dtype=np.float32)
+    pipe: Pipeline | None = None
     bufs = [device.create_buffer(512, name="coopmat layout f16"),
             device.create_buffer(1024, name="coopmat layout f32"),
             device.create_buffer(3076 * 4, name="coopmat layout out")]
@@ -87,7 +89,10 @@ def probe_coopmat_layout(device: Device) -> str:
         bufs[0].write(0, vals.astype(np.float16))
         bufs[1].write(0, vals)
         bufs[2].write(0, np.full(3076, -1.0, np.float32))
-        pipe = device.compute_pipeline(compile_glsl(_GLSL), 3, 0)
+        # its own pipeline, destroyed here: a probe run once at open leaves nothing in the
+        # device's pipeline cache (a fresh Device owns only its transfer pool, fence and
+        # pipeline cache)
+        pipe = Pipeline(device, compile_glsl(_GLSL), 3, 0)
         d = Dispatch(pipe, tuple(BufferRange(b, 0, b.size) for b in bufs), (1, 1, 1),
                      "coopmat layout")
         rec = Recorder(device).record([d])
@@ -97,6 +102,8 @@ def probe_coopmat_layout(device: Device) -> str:
             rec.destroy()
         out = bufs[2].read_array(0, (3076,), np.float32)
     finally:
+        if pipe is not None:
+            pipe.destroy()
         for b in bufs:
             b.destroy()
     lengths = tuple(int(x) for x in out[3072:3075])
