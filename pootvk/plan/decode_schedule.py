@@ -531,12 +531,25 @@ def staged_shared_bytes(subgroups: int, tile: int, dk: int, dv: int, rows: int,
 REGFED_FLAT_FOLD_BYTES = 32768
 
 
+def regfed_fold_stride(dv: int) -> int:
+    """Floats a row takes in a register-fed fold slot: ``dv`` and one pad word per 32
+    channels. A lane's accumulator elements sit ``dv / 4`` channels apart from its
+    neighbours' (the V operand's channel permutation) and 4 or 8 rows share a store, so
+    unpadded rows of 128 floats put 16 lanes of a store in one bank; with the pad the
+    rows start 4 banks apart and each 32-channel group one bank further, so the 32 lanes
+    of a store hit 32 banks (H200, (1,32,8,32768) F16: the fold's first store round took
+    2.2 us of a 42.5 us launch, its second pass too, so not the cold code)."""
+    return dv + dv // 32
+
+
 def regfed_fold_slots(subgroups: int, rows: int, dv: int) -> int:
-    """Accumulator slots (rows x dv floats each) of the register-fed kernel's fold: every
-    subgroup's where they fit REGFED_FLAT_FOLD_BYTES, else half of them (0: one subgroup)."""
+    """Accumulator slots (rows x ``regfed_fold_stride`` floats each) of the register-fed
+    kernel's fold: every subgroup's where they fit REGFED_FLAT_FOLD_BYTES, else half of
+    them (0: one subgroup)."""
     if subgroups == 1:
         return 0
-    return subgroups if subgroups * rows * dv * 4 <= REGFED_FLAT_FOLD_BYTES else subgroups // 2
+    flat = subgroups * rows * regfed_fold_stride(dv) * 4 <= REGFED_FLAT_FOLD_BYTES
+    return subgroups if flat else subgroups // 2
 
 
 def regfed_shared_bytes(subgroups: int, rows: int, dv: int, fused_splits: int = 0) -> int:
@@ -544,7 +557,7 @@ def regfed_shared_bytes(subgroups: int, rows: int, dv: int, fused_splits: int = 
     the fold of the subgroups' accumulators (``regfed_fold_slots``), the arrival flag and
     the fused combine's weights (as ``attention_decode_regfed`` lays them out)."""
     ml = 2 * 16 * -(-subgroups * rows // 4)
-    fold = regfed_fold_slots(subgroups, rows, dv) * rows * dv * 4
+    fold = regfed_fold_slots(subgroups, rows, dv) * rows * regfed_fold_stride(dv) * 4
     combine = 16 * (2 * -(-rows * fused_splits // 4) + -(-rows // 4)) if fused_splits else 0
     return ml + fold + 16 + combine
 
@@ -1036,8 +1049,11 @@ REGFED_MIN_ROWS = 2
 #: against the scalar kernel: (1,32,8,131072) chunk 8192 137.6-139.5 us vs 141.0;
 #: (8,32,8,8192) 4096 74.0-74.7 vs 77.9-80.4; (32,32,8,2048) 2048 72.3-73.0 vs 71.8;
 #: (1,32,8,32768) 2048 48.2-48.7 vs 46.2; (1,32,8,4096) 256 17.1-18.2 vs 14.4;
-#: (1,8,1,65536) 1024 30.5 vs 29.3.
-REGFED_MIN_CHUNK = 4096
+#: (1,8,1,65536) 1024 30.5 vs 29.3. With the fold's slots padded against bank conflicts
+#: (``regfed_fold_stride``: the fold 2.9 -> 1.3 us), session 24, one call: (1,32,8,32768)
+#: 2048 45.6 vs 46.1; (32,32,8,2048) 2048 70.1 vs 72.1-73.3; (1,32,8,16384) 1024 30.6 vs
+#: 29.7.
+REGFED_MIN_CHUNK = 2048
 #: Subgroups per register-fed workgroup: where the row blocks fill the compute units
 #: (two 128-lane workgroups an SM), and where splits fill them (one 256-lane workgroup).
 REGFED_SUBGROUPS = 4

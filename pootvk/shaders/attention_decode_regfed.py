@@ -55,7 +55,12 @@ rounds), then the output (or the split's partial and the scalar kernel's fused c
 
 from __future__ import annotations
 
-from ..plan.decode_schedule import DecodeRequest, check_request, regfed_fold_slots
+from ..plan.decode_schedule import (
+    DecodeRequest,
+    check_request,
+    regfed_fold_slots,
+    regfed_fold_stride,
+)
 from .attention_decode import (
     decode_bindings,
     emit_chunk_prologue,
@@ -92,8 +97,9 @@ def generate_decode_regfed(r: DecodeRequest) -> str:
               "shared uvec4 s_last4;", "#define s_last s_last4.x"]
     SLOTS = regfed_fold_slots(NSG, R, DV)
     FLAT = SLOTS == NSG  # else a tree of log2(NSG) rounds through NSG / 2 slots
+    RS = regfed_fold_stride(DV)  # a slot row: Dv floats, one pad word per 32 channels
     if SLOTS:
-        shared.append(f"shared float sO[{SLOTS * R * DV}];")
+        shared.append(f"shared float sO[{SLOTS * R * RS}];")
     if fused:
         shared += [f"shared float s_cw[{_x4(R * r.splits)}];",
                    f"shared float s_cl[{_x4(R * r.splits)}];", f"shared float s_cden[{_x4(R)}];"]
@@ -264,16 +270,21 @@ def generate_decode_regfed(r: DecodeRequest) -> str:
         """Channel of accumulator tile j's element e (+ 4 h) in this lane."""
         return f"{DV // 8}u * (2u * lc + {e & 1}u) + {2 * j + (e >> 1)}u"
 
+    def padded(c: str) -> str:
+        """Channel ``c``'s word in a fold slot's row (``regfed_fold_stride``: a pad word
+        per 32 channels, so a store's lanes hit distinct banks)."""
+        return f"({c}) + (({c}) >> 5u)"
+
     def each_row_element(slot: str, stmt: str, ind: int) -> None:
         """Per row half of a real query row: ``ob``, the row's place in fold slot ``slot``
         of sO, then ``stmt`` for each accumulator element ({o}: the element, {c}: its
-        channel)."""
+        word in the row)."""
         for h in range(RH):
             emit(f"if (real{h}) {{", ind)
-            emit(f"uint ob = ({slot} * {R}u + {row(h)}) * {DV}u;", ind + 1)
+            emit(f"uint ob = ({slot} * {R}u + {row(h)}) * {RS}u;", ind + 1)
             for j in range(DT):
                 for e in range(4):
-                    emit(stmt.format(o=f"o{j}[{4 * h + e}]", c=cols(j, e)), ind + 1)
+                    emit(stmt.format(o=f"o{j}[{4 * h + e}]", c=padded(cols(j, e))), ind + 1)
             emit("}", ind)
 
     def emit_tree_fold() -> None:
@@ -347,7 +358,8 @@ def generate_decode_regfed(r: DecodeRequest) -> str:
         emit(f"uint rr = x / {DV}u;", 2)
         emit(f"uint c = x % {DV}u;", 2)
         emit("float acc = 0.0;", 2)
-        emit(f"for (uint s = 0u; s < {NSG}u; ++s) acc += sO[s * {R * DV}u + x];", 2)
+        emit(f"uint xo = rr * {RS}u + {padded('c')};  // its word in a slot", 2)
+        emit(f"for (uint s = 0u; s < {NSG}u; ++s) acc += sO[s * {R * RS}u + xo];", 2)
         emit("float M = NEG_INF;", 2)
         emit(f"for (uint s = 0u; s < {NSG}u; ++s) M = max(M, sM[s * {R}u + rr]);", 2)
         emit("float lt = 0.0;", 2)
