@@ -167,15 +167,16 @@ def test_sources_compile_without_private_arrays():
     # planner takes it where a workgroup streams >= REGFED_MIN_CHUNK keys
     ((1, 32, 8, 131072), 256, 16, 4, True),  # 8192 keys a workgroup
     ((8, 32, 8, 8192), 256, 2, 4, True),  # 4096
-    ((1, 32, 8, 32768), 256, 16, 4, False),  # 2048: the scalar kernel measured faster
+    ((1, 32, 8, 32768), 256, 16, 4, True),  # 2048
+    ((1, 32, 8, 16384), 256, 16, 4, False),  # 1024: the scalar kernel measured faster
     ((1, 32, 8, 4096), 256, 16, 4, False),
-    ((32, 32, 8, 2048), 128, 1, 4, False),  # 256 row blocks fill 132 SMs: unsplit, 128 lanes
+    ((32, 32, 8, 2048), 128, 1, 4, True),  # 256 row blocks fill 132 SMs: unsplit, 128 lanes
     ((1, 8, 1, 65536), 256, 64, 8, False),  # one KV head: the few-heads split count
 ])
 def test_h200_regfed_schedules(shape, lanes, splits, rows, planned):
     b, hq, hkv, lk = shape
     p = _problem(b=b, hq=hq, hkv=hkv, lk=lk)
-    assert REGFED_MIN_CHUNK == 4096
+    assert REGFED_MIN_CHUNK == 2048
     r = choose_decode_schedule(p, H200, has_subgroup_shuffle=True, overrides=REG)
     assert (r.matrix, r.matrix_feed, r.local_size, r.splits, r.rows_per_wg) == \
         (16, "registers", lanes, splits, rows)
