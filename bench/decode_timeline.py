@@ -101,11 +101,15 @@ def instrument(src: str, binding: int, sm_id: bool) -> str:
             out.append(ln)
             continue
         s = ln.strip()
-        if nxt < len(MARKS) and MARKS[nxt][1] is not None and MARKS[nxt][1](s, depth):
-            out.append(mark(nxt + 1))
+        # the next mark this line passes; marks a kernel lacks before it (the register-fed
+        # kernel has no row maxima or s_o writes) read the same clock: phases of no time
+        hit = next((j for j in range(nxt, len(MARKS)) if MARKS[j][1] is not None
+                    and MARKS[j][1](s, depth) and (j == nxt or nxt >= 2)), None)
+        if hit is not None:
+            out += [mark(j + 1) for j in range(nxt, hit + 1)]
             if nxt == 0:
                 loop_depth = depth
-            nxt += 1
+            nxt = hit + 1
         if "return;" in s:
             out.append(ln.replace("return;", "{ " + write + " return; }"))
         elif ln == "}" and depth == 1:  # main's closing brace
