@@ -1,0 +1,176 @@
+"""Where a decode kernel's tail goes: the planned kernel against copies that return early.
+
+    python3 bench/decode_ablation.py [--shape B,Hq,Hkv,Lk] [--kv f16] [--variant JSON]
+        [--cut NAME ...] [--out-host] [--rounds 3] [--reps 20] [--warm 0.7]
+
+Why: with no profiler on the lent GPU, and clock reads that perturb the kernel they time
+(``bench/decode_timeline.py``: 157 against 137 us), the cost of each phase after the key
+loop is measured by difference. Each cut inserts ``if (nit < 1000000u) return;`` at one
+point of the generated source (the condition is never true, so nothing before the cut is
+dead code the compiler could drop) and is timed against the whole kernel in one process,
+the variants alternated round by round (a lent machine's clock and its atomics differ
+from call to call, so only same-call differences mean anything). A cut kernel's output
+is wrong by design; the whole kernel's is checked against float64 numpy.
+
+Cuts, in kernel order (the register-fed kernel's fold has three barriers; the scalar
+kernel's more):
+
+- ``loop``: right after the key loop;
+- ``bar1``, ``bar2``: after the first / second workgroup barrier that follows it;
+- ``stores``: after the split's partial stores, before the fused combine's arrival;
+- ``arrival``: after the arrival's fence and barrier, before the atomic;
+- ``combine``: after the atomic, before the last workgroup's combine;
+- ``fold2``: not a cut; the code between the first two barriers runs twice in a loop
+  that is not unrolled, to tell a cold first pass (instruction fetch) from the work.
+
+``--out-host`` puts the output in host memory, as an export of a plan is. H200 findings
+are in BENCHMARKS.md (session 24).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.decode_probe import (  # noqa: E402
+    Launch,
+    decode_specs,
+    from_storage,
+    nse,
+    query_buffers,
+    reference,
+    to_storage,
+)
+from pootvk.benchmark import SmClock  # noqa: E402
+from pootvk.plan.decode_schedule import DecodeProblem, choose_decode_schedule  # noqa: E402
+from pootvk.vk import BufferRange, Device  # noqa: E402
+
+LOOP = "    for (uint it = 0u; it < nit; ++it) {"
+CUT = "    if (nit < 1000000u) return;"
+
+
+def _loop_end(lines: list[str]) -> int:
+    start = next(i for i, ln in enumerate(lines) if ln.startswith(LOOP))
+    return next(j for j in range(start + 1, len(lines)) if lines[j] == "    }")
+
+
+def _barriers(lines: list[str]) -> list[int]:
+    end = _loop_end(lines)
+    return [k for k in range(end, len(lines)) if lines[k] == "    barrier();"]
+
+
+def _arrival(lines: list[str]) -> int:
+    """The line of the fused combine's first statement (``if (nact == 1u) return;``)."""
+    return next(k for k, ln in enumerate(lines) if "no partial to combine" in ln)
+
+
+def cut(src: str, name: str) -> str:
+    lines = src.split("\n")
+    if name == "none":
+        return src
+    if name == "loop":
+        at = _loop_end(lines) + 1
+    elif name in ("bar1", "bar2"):
+        at = _barriers(lines)[int(name[-1]) - 1] + 1
+    elif name == "stores":
+        at = _arrival(lines)
+    elif name in ("arrival", "combine"):
+        a = _arrival(lines)
+        marker = "barrier();" if name == "arrival" else "if (s_last == 0u)"
+        at = next(k for k in range(a, len(lines)) if lines[k].strip().startswith(marker)) + 1
+    elif name == "fold2":
+        b1, b2 = _barriers(lines)[:2]
+        lines[b1 + 1:b2] = ["    uint nrep = 1u + min(nit, 1u);",
+                            "    [[dont_unroll]] for (uint rep = 0u; rep < nrep; ++rep) {",
+                            *lines[b1 + 1:b2], "    }"]
+        return "\n".join(lines)
+    else:
+        raise SystemExit(f"unknown cut {name!r}")
+    lines.insert(at, CUT)
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shape", default="1,32,8,32768", help="B,Hq,Hkv,Lk (D=128, Lq=1)")
+    ap.add_argument("--kv", default="f16")
+    ap.add_argument("--variant", default="{}", help="JSON schedule overrides ('splits' forces)")
+    ap.add_argument("--cut", nargs="*", default=["none", "loop", "bar1", "bar2", "stores",
+                                                 "arrival", "combine"])
+    ap.add_argument("--out-host", action="store_true")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--warm", type=float, default=0.7)
+    args = ap.parse_args(argv)
+    b, hq, hkv, lk = (int(x) for x in args.shape.split(","))
+    d = 128
+    dev = Device()
+    clock = SmClock(dev.name)
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((b, hq, 1, d), dtype=np.float32)
+    ks = to_storage(rng.random((b, hkv, lk, d), dtype=np.float32) - 0.5, args.kv)
+    vs = to_storage(rng.random((b, hkv, lk, d), dtype=np.float32) - 0.5, args.kv)
+    scale = 1 / math.sqrt(d)
+    ref = reference(q, from_storage(ks, args.kv), from_storage(vs, args.kv), scale)
+    qb, out, part, counter, lens = query_buffers(dev, q, hkv, d, lk)
+    if args.out_host:
+        out.destroy()
+        out = dev.create_buffer(b * hq * d * 4, host_visible=True, name="out")
+    kb, vb = (dev.create_buffer(x.nbytes, name=n) for x, n in ((ks, "k"), (vs, "v")))
+    kb.write(0, ks)
+    vb.write(0, vs)
+    nbytes = ks.nbytes + vs.nbytes
+    bufs = {n: BufferRange(x, 0, x.size) for n, x in (
+        ("q", qb), ("k", kb), ("v", vb), ("out", out), ("partial", part),
+        ("counter", counter), ("len", lens))}
+    ov = json.loads(args.variant)
+    splits = ov.pop("splits", None)
+    p = DecodeProblem(b=b, hq=hq, hkv=hkv, lq=1, lk=lk, dk=d, dv=d, scale=scale,
+                      kv_dtype=args.kv)
+    req = choose_decode_schedule(p, dev.profile, has_subgroup_shuffle=True,
+                                 force_splits=splits, overrides=ov or None)
+    print(f"{args.shape} {args.kv}{' out in host memory' if args.out_host else ''}: "
+          f"{req.describe()}", flush=True)
+    launches = {}
+    for name in args.cut:
+        specs = decode_specs(req, bufs)
+        specs[0] = (cut(specs[0][0], name), *specs[0][1:])
+        lau = Launch(dev, specs, repeat=max(1, int(2e6 / max(1.0, nbytes / 4e3))), calls=10)
+        out.write(0, np.full(b * hq * d, np.nan, np.float32))
+        counter.write(0, np.zeros(counter.size // 4, np.uint32))  # a cut may leave it set
+        lau.rec.submit(wait=True)
+        launches[name] = (lau, nse(out.read_array(0, (b, hq, 1, d), np.float32), ref))
+    times: dict[str, list[tuple[float, int | None]]] = {n: [] for n in args.cut}
+    for _ in range(args.rounds):
+        for name in args.cut:
+            counter.write(0, np.zeros(counter.size // 4, np.uint32))
+            lau = launches[name][0]
+            lau.warm(args.warm)
+            ns, _per = lau.time(args.reps)
+            times[name].append((ns / 1e3, clock.sm_mhz()))
+    for name in args.cut:
+        us = [t for t, _ in times[name]]
+        med = statistics.median(us)
+        err = launches[name][1]
+        check = f"nse {err:.1e}" if name == "none" else "(cut: output not checked)"
+        print(f"  {name:8} {med:8.1f} us ({', '.join(f'{x:.1f}' for x in us)}) "
+              f"{nbytes / med / 1e3:6.0f} GB/s  MHz {[m for _, m in times[name]]}  {check}",
+              flush=True)
+    for lau, _ in launches.values():
+        lau.destroy()
+    for x in (qb, out, part, counter, lens, kb, vb):
+        x.destroy()
+    dev.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
