@@ -264,10 +264,11 @@ def test_matrix_rules_on_the_h200_profile():
     MLA shape within the 48 KiB of workgroup memory."""
     gqa = DecodeProblem(b=1, hq=32, hkv=8, lq=1, lk=32768, dk=128, dv=128, scale=0.1,
                         kv_dtype="f16")
-    # D=128 GQA (4 rows x 256 floats) takes the scalar kernel at this length (the
-    # register-fed matrix kernel at long chunks, test_attention_decode_regfed): the staged
-    # one measured slower there
-    assert choose_decode_schedule(gqa, H200, has_subgroup_shuffle=True).matrix == 0
+    # D=128 GQA (4 rows x 256 floats) takes the register-fed matrix kernel at this length
+    # (2048 keys a workgroup, test_attention_decode_regfed) and, without it, the scalar
+    # kernel: the staged one measured slower there
+    got = choose_decode_schedule(gqa, H200, has_subgroup_shuffle=True)
+    assert (got.matrix, got.matrix_feed) == (16, "registers")
     assert choose_decode_schedule(gqa, without_regfed(H200),
                                   has_subgroup_shuffle=True).matrix == 0
     assert 4 * 256 <= MATRIX_MIN_STATE
