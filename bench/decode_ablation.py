@@ -23,8 +23,10 @@ kernel's more):
 - ``fold2``: not a cut; the code between the first two barriers runs twice in a loop
   that is not unrolled, to tell a cold first pass (instruction fetch) from the work.
 
-``--out-host`` puts the output in host memory, as an export of a plan is. H200 findings
-are in BENCHMARKS.md (session 24).
+``--out-host`` puts the output in host memory, as an export of a plan is; ``--unmapped``
+allocates every buffer from device memory the host cannot map (on a ReBAR machine the
+runtime otherwise takes the host-visible device-local type). H200 findings are in
+BENCHMARKS.md (session 24).
 """
 
 from __future__ import annotations
@@ -69,7 +71,11 @@ def _barriers(lines: list[str]) -> list[int]:
 
 def _arrival(lines: list[str]) -> int:
     """The line of the fused combine's first statement (``if (nact == 1u) return;``)."""
-    return next(k for k, ln in enumerate(lines) if "no partial to combine" in ln)
+    at = next((k for k, ln in enumerate(lines) if "no partial to combine" in ln), None)
+    if at is None:
+        raise SystemExit("this kernel has no fused combine (unsplit, or two launches): "
+                         "the stores, arrival and combine cuts need one")
+    return at
 
 
 def cut(src: str, name: str) -> str:
@@ -106,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cut", nargs="*", default=["none", "loop", "bar1", "bar2", "stores",
                                                  "arrival", "combine"])
     ap.add_argument("--out-host", action="store_true")
+    ap.add_argument("--unmapped", action="store_true")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--warm", type=float, default=0.7)
@@ -113,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     b, hq, hkv, lk = (int(x) for x in args.shape.split(","))
     d = 128
     dev = Device()
+    dev.allow_mapped_device_memory = not args.unmapped
     clock = SmClock(dev.name)
     rng = np.random.default_rng(0)
     q = rng.standard_normal((b, hq, 1, d), dtype=np.float32)
@@ -137,7 +145,9 @@ def main(argv: list[str] | None = None) -> int:
                       kv_dtype=args.kv)
     req = choose_decode_schedule(p, dev.profile, has_subgroup_shuffle=True,
                                  force_splits=splits, overrides=ov or None)
-    print(f"{args.shape} {args.kv}{' out in host memory' if args.out_host else ''}: "
+    where = (" out in host memory" if args.out_host else "") + \
+        (" unmapped device memory" if args.unmapped else "")
+    print(f"{args.shape} {args.kv}{where}: "
           f"{req.describe()}", flush=True)
     launches = {}
     for name in args.cut:
