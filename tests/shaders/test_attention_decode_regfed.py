@@ -19,6 +19,8 @@ from pootvk.plan.decode_schedule import (
     DecodeProblem,
     check_request,
     choose_decode_schedule,
+    regfed_fold_slots,
+    regfed_fold_stride,
     regfed_supported,
 )
 from pootvk.plan.profile import recorded_profile
@@ -160,6 +162,62 @@ def test_sources_compile_without_private_arrays():
     for src in sorted(srcs):
         assert not PRIVATE_ARRAY.findall(src)
         assert len(compile_glsl(src)) > 100
+
+
+@pytest.mark.parametrize("rows,dv", [(4, 128), (8, 128), (16, 128), (4, 64), (8, 64)])
+def test_fold_stores_hit_distinct_banks(rows, dv):
+    """Each store of the fold into workgroup memory, as generated, puts its active lanes
+    (rows x 4 lanes of a subgroup) on distinct 4-byte banks of 32: the generated index
+    expressions are evaluated for every lane (unpadded rows of 128 floats put 16 lanes on
+    one bank: 2.2 us of a (1,32,8,32768) launch on the H200)."""
+    import re
+
+    p = _problem(hq=rows, hkv=1, lk=65536, dv=dv)
+    r = choose_decode_schedule(p, H200, has_subgroup_shuffle=True, force_splits=16,
+                               overrides={**REG, "local_size": 256})
+    src = generate_decode(r)[0]
+    start = src.index("uint ob = ")  # the fold's first store block
+    ob, stores = None, 0
+    for line in src[start:].splitlines():
+        s = re.sub(r"(\d+)u\b", r"\1", line.strip())
+        if s.startswith("uint ob = "):
+            ob = s[len("uint ob = "):-1]
+        elif s.startswith("sO[ob + ") and "] = o" in s:
+            index = s[len("sO["):s.index("] = o")]
+            banks = set()
+            for lr in range(8):
+                for lc in range(4):
+                    base = eval(ob, {"sg": 0, "lr": lr, "lc": lc})  # noqa: S307
+                    if base // regfed_fold_stride(dv) >= rows:
+                        continue  # a lane of a row past the block's rows: no store
+                    banks.add(eval(index, {"ob": base, "lc": lc}) % 32)  # noqa: S307
+            assert len(banks) == min(rows, 8) * 4, (line, sorted(banks))
+            stores += 1
+        elif s == "barrier();":
+            break
+    assert stores == (dv // 16) * 4 * (2 if rows > 8 else 1)
+
+
+@pytest.mark.parametrize("rows,lanes,dv,splits", [
+    (4, 256, 128, 16),  # the one-round fold (every subgroup a padded slot), fused combine
+    (16, 256, 128, 16),  # 16 rows: the tree fold through half the slots
+    (4, 128, 64, 1),  # Dv 64: one pad word a row
+    (12, 256, 128, 7),
+])
+def test_planned_workgroup_memory_covers_the_padded_fold(rows, lanes, dv, splits):
+    """``DecodeRequest.shared_bytes`` (what the planner fits) covers what the kernel
+    declares, the fold's padded slot rows (``regfed_fold_stride``) included."""
+    from tests.shaders.test_shared_memory import workgroup_bytes
+
+    p = _problem(hq=rows, hkv=1, lk=65536, dv=dv)
+    r = choose_decode_schedule(p, H200, has_subgroup_shuffle=True, force_splits=splits,
+                               overrides={**REG, "local_size": lanes})
+    assert (r.rows_per_wg, r.local_size) == (rows, lanes)
+    used = workgroup_bytes(compile_glsl(generate_decode(r)[0]))
+    assert used <= r.shared_bytes <= H200.max_workgroup_memory, (r.describe(), used)
+    slots = regfed_fold_slots(lanes // 32, rows, dv)
+    assert f"shared float sO[{slots * rows * regfed_fold_stride(dv)}];" in \
+        generate_decode(r)[0]
 
 
 @pytest.mark.parametrize("shape,lanes,splits,rows,planned", [
