@@ -159,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
         lau.rec.submit(wait=True)
         launches[name] = (lau, nse(out.read_array(0, (b, hq, 1, d), np.float32), ref))
     times: dict[str, list[tuple[float, int | None]]] = {n: [] for n in args.cut}
+    # the memory clock, power and clock-event reasons after each timing: the fused
+    # combine's arrival cost 0.5 us on some runs and 4.5-4.9 us on others of the same
+    # code (BENCHMARKS.md, session 24), with the SM clock at its maximum in both
+    state: list[tuple[int | None, float | None, int | None]] = []
     for _ in range(args.rounds):
         for name in args.cut:
             counter.write(0, np.zeros(counter.size // 4, np.uint32))
@@ -166,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
             lau.warm(args.warm)
             ns, _per = lau.time(args.reps)
             times[name].append((ns / 1e3, clock.sm_mhz()))
+            state.append((clock.mem_mhz(), clock.power_w(), clock.event_reasons()))
     for name in args.cut:
         us = [t for t, _ in times[name]]
         med = statistics.median(us)
@@ -174,6 +179,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:8} {med:8.1f} us ({', '.join(f'{x:.1f}' for x in us)}) "
               f"{nbytes / med / 1e3:6.0f} GB/s  MHz {[m for _, m in times[name]]}  {check}",
               flush=True)
+    mems = sorted({m for m, _, _ in state if m is not None})
+    watts = [w for _, w, _ in state if w is not None]
+    reasons = sorted({r for _, _, r in state if r is not None})
+    print(f"  memory clock MHz {mems or 'n/a'}; power W "
+          f"{f'{min(watts):.0f}-{max(watts):.0f}' if watts else 'n/a'}; clock-event "
+          f"reasons {[hex(r) for r in reasons] or 'n/a'}", flush=True)
     for lau, _ in launches.values():
         lau.destroy()
     for x in (qb, out, part, counter, lens, kb, vb):

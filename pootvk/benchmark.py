@@ -221,6 +221,14 @@ class SmClock:
         mhz = self._read("nvmlDeviceGetClockInfo", self._pynvml.NVML_CLOCK_SM)
         return None if mhz is None else int(mhz)
 
+    def mem_mhz(self) -> int | None:
+        """The memory clock now: with the SM clock, what a run that measured unlike
+        another of the same code on the same device can be compared by."""
+        if self.h is None:
+            return None
+        mhz = self._read("nvmlDeviceGetClockInfo", self._pynvml.NVML_CLOCK_MEM)
+        return None if mhz is None else int(mhz)
+
     def power_w(self) -> float | None:
         """The board's power draw now (W)."""
         mw = self._read("nvmlDeviceGetPowerUsage")
