@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 from pathlib import Path
@@ -42,18 +41,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.decode_probe import (  # noqa: E402
-    Launch,
-    decode_specs,
-    from_storage,
-    nse,
-    query_buffers,
-    reference,
-    to_storage,
-)
+from bench.decode_probe import Launch, decode_specs, dense_case, nse, warm_repeat  # noqa: E402
 from pootvk.benchmark import SmClock  # noqa: E402
-from pootvk.plan.decode_schedule import DecodeProblem, choose_decode_schedule  # noqa: E402
-from pootvk.vk import BufferRange, Device  # noqa: E402
+from pootvk.plan.decode_schedule import choose_decode_schedule  # noqa: E402
+from pootvk.vk import Device  # noqa: E402
 
 LOOP = "    for (uint it = 0u; it < nit; ++it) {"
 CUT = "    if (nit < 1000000u) return;"
@@ -122,28 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     dev = Device()
     dev.allow_mapped_device_memory = not args.unmapped
     clock = SmClock(dev.name)
-    rng = np.random.default_rng(0)
-    q = rng.standard_normal((b, hq, 1, d), dtype=np.float32)
-    ks = to_storage(rng.random((b, hkv, lk, d), dtype=np.float32) - 0.5, args.kv)
-    vs = to_storage(rng.random((b, hkv, lk, d), dtype=np.float32) - 0.5, args.kv)
-    scale = 1 / math.sqrt(d)
-    ref = reference(q, from_storage(ks, args.kv), from_storage(vs, args.kv), scale)
-    qb, out, part, counter, lens = query_buffers(dev, q, hkv, d, lk)
-    if args.out_host:
-        out.destroy()
-        out = dev.create_buffer(b * hq * d * 4, host_visible=True, name="out")
-    kb, vb = (dev.create_buffer(x.nbytes, name=n) for x, n in ((ks, "k"), (vs, "v")))
-    kb.write(0, ks)
-    vb.write(0, vs)
-    nbytes = ks.nbytes + vs.nbytes
-    bufs = {n: BufferRange(x, 0, x.size) for n, x in (
-        ("q", qb), ("k", kb), ("v", vb), ("out", out), ("partial", part),
-        ("counter", counter), ("len", lens))}
+    case = dense_case(dev, b, hq, hkv, lk, d, args.kv, out_host=args.out_host)
+    bufs, nbytes = case.bufs, case.kv_bytes
+    counter = bufs["counter"].buffer
     ov = json.loads(args.variant)
     splits = ov.pop("splits", None)
-    p = DecodeProblem(b=b, hq=hq, hkv=hkv, lq=1, lk=lk, dk=d, dv=d, scale=scale,
-                      kv_dtype=args.kv)
-    req = choose_decode_schedule(p, dev.profile, has_subgroup_shuffle=True,
+    req = choose_decode_schedule(case.problem, dev.profile, has_subgroup_shuffle=True,
                                  force_splits=splits, overrides=ov or None)
     where = (" out in host memory" if args.out_host else "") + \
         (" unmapped device memory" if args.unmapped else "")
@@ -151,17 +126,16 @@ def main(argv: list[str] | None = None) -> int:
           f"{req.describe()}", flush=True)
     # launches a warm-up submit records (decode_probe's rule; one on a CPU device, whose
     # launches take milliseconds)
-    warm_repeat = 1 if dev.profile.device_type == "cpu" else \
-        min(2000, max(1, int(200e3 / max(1.0, nbytes / 4e3))))
+    wrep = 1 if dev.profile.device_type == "cpu" else warm_repeat(nbytes)
     launches = {}
     for name in args.cut:
         specs = decode_specs(req, bufs)
         specs[0] = (cut(specs[0][0], name), *specs[0][1:])
-        lau = Launch(dev, specs, repeat=warm_repeat, calls=10)
-        out.write(0, np.full(b * hq * d, np.nan, np.float32))
+        lau = Launch(dev, specs, repeat=wrep, calls=10)
+        bufs["out"].buffer.write(0, np.full(b * hq * d, np.nan, np.float32))
         counter.write(0, np.zeros(counter.size // 4, np.uint32))  # a cut may leave it set
         lau.rec.submit(wait=True)
-        launches[name] = (lau, nse(out.read_array(0, (b, hq, 1, d), np.float32), ref))
+        launches[name] = (lau, nse(case.read_out(), case.ref))
     times: dict[str, list[tuple[float, int | None]]] = {n: [] for n in args.cut}
     # the memory clock, power and clock-event reasons after each timing: the fused
     # combine's arrival cost 0.5 us on some runs and 4.5-4.9 us on others of the same
@@ -191,8 +165,7 @@ def main(argv: list[str] | None = None) -> int:
           f"reasons {[hex(r) for r in reasons] or 'n/a'}", flush=True)
     for lau, _ in launches.values():
         lau.destroy()
-    for x in (qb, out, part, counter, lens, kb, vb):
-        x.destroy()
+    case.destroy()
     dev.close()
     return 0
 

@@ -29,6 +29,7 @@ import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -181,6 +182,55 @@ def query_buffers(device: Device, q: np.ndarray, hkv: int, dv: int, length: int)
     return qb, out, part, counter, lens
 
 
+def warm_repeat(kv_bytes: int) -> int:
+    """Launches a warm-up submit records: a short shape's submit would be mostly host time."""
+    return min(2000, max(1, int(200e3 / max(1.0, kv_bytes / 4e3))))
+
+
+class DenseCase(NamedTuple):
+    """One dense decode case bound on a device (Lq 1, Dk = Dv = d): its problem, the float64
+    reference and the buffers ``decode_specs`` binds (q, k, v, out, partial, counter, len;
+    every row's length the full Lk)."""
+
+    problem: DecodeProblem
+    ref: np.ndarray
+    bufs: dict[str, BufferRange]
+    kv_bytes: int
+
+    def read_out(self) -> np.ndarray:
+        p = self.problem
+        return self.bufs["out"].buffer.read_array(0, (p.b, p.hq, 1, p.dv), np.float32)
+
+    def destroy(self) -> None:
+        for r in self.bufs.values():
+            r.buffer.destroy()
+
+
+def dense_case(device: Device, b: int, hq: int, hkv: int, lk: int, d: int, kv: str, *,
+               out_host: bool = False, seed: int = 0) -> DenseCase:
+    """Random q [B, Hq, 1, d] and K/V [B, Hkv, Lk, d] (uniform in [-0.5, 0.5), stored as
+    ``kv``) on ``device``, with ``query_buffers``' output, partials, counters and lengths;
+    ``out_host`` puts the output in host memory, as a plan's export is."""
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((b, hq, 1, d), dtype=np.float32)
+    ks = to_storage(rng.random((b, hkv, lk, d), dtype=np.float32) - 0.5, kv)
+    vs = to_storage(rng.random((b, hkv, lk, d), dtype=np.float32) - 0.5, kv)
+    scale = 1.0 / math.sqrt(d)
+    ref = reference(q, from_storage(ks, kv), from_storage(vs, kv), scale)
+    qb, out, part, counter, lens = query_buffers(device, q, hkv, d, lk)
+    if out_host:
+        out.destroy()
+        out = device.create_buffer(b * hq * d * 4, host_visible=True, name="out")
+    kb, vb = (device.create_buffer(x.nbytes, name=n) for x, n in ((ks, "k"), (vs, "v")))
+    kb.write(0, ks)
+    vb.write(0, vs)
+    bufs = {name: BufferRange(x, 0, x.size) for name, x in (
+        ("q", qb), ("k", kb), ("v", vb), ("out", out), ("partial", part),
+        ("counter", counter), ("len", lens))}
+    p = DecodeProblem(b=b, hq=hq, hkv=hkv, lq=1, lk=lk, dk=d, dv=d, scale=scale, kv_dtype=kv)
+    return DenseCase(p, ref, bufs, ks.nbytes + vs.nbytes)
+
+
 def decode_specs(req: DecodeRequest, bufs: dict[str, BufferRange]) -> list[tuple]:
     srcs = generate_decode(req)
     specs = [(srcs[0], [bufs[b.name] for b in req.bindings()], req.grid,
@@ -289,9 +339,7 @@ def run_shape(device, shape, kvs, args, ceiling_gbps, clock, results):
                     fits=fits):
             nonlocal rng_ok
             out.write(0, np.full(b * hq * D, np.nan, np.float32))
-            # launches per warm submit (a short shape's submit would be mostly host time)
-            wrep = min(2000, max(1, int(200e3 / max(1.0, kv_bytes / 4e3))))
-            lau = Launch(device, specs, repeat=wrep, calls=args.calls)
+            lau = Launch(device, specs, repeat=warm_repeat(kv_bytes), calls=args.calls)
             try:
                 lau.rec.submit(wait=True)
                 got = out.read_array(0, (b, hq, 1, D), np.float32)

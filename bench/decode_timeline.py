@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -32,17 +31,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.decode_probe import (  # noqa: E402
-    Launch,
-    decode_specs,
-    from_storage,
-    nse,
-    query_buffers,
-    reference,
-    to_storage,
-)
+from bench.decode_probe import Launch, decode_specs, dense_case, nse  # noqa: E402
 from pootvk.config import Config  # noqa: E402
-from pootvk.plan.decode_schedule import DecodeProblem, choose_decode_schedule  # noqa: E402
+from pootvk.plan.decode_schedule import choose_decode_schedule  # noqa: E402
 from pootvk.vk import BufferRange, Device  # noqa: E402
 
 #: The marks after the start, in source order: (name, line test); the first line passing a
@@ -177,22 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         print("this device has no VK_KHR_shader_clock: no timelines")
         return 1
     sm_id = device.sm_builtins
-    rng = np.random.default_rng(0)
-    q = rng.standard_normal((b, hq, 1, d), dtype=np.float32)
-    k32 = rng.random((b, hkv, lk, d), dtype=np.float32) - 0.5
-    v32 = rng.random((b, hkv, lk, d), dtype=np.float32) - 0.5
-    ks, vs = to_storage(k32, args.kv), to_storage(v32, args.kv)
-    scale = 1.0 / math.sqrt(d)
-    ref = reference(q, from_storage(ks, args.kv), from_storage(vs, args.kv), scale)
-    qb, out, part, counter, lens = query_buffers(device, q, hkv, d, lk)
-    kb, vb = (device.create_buffer(x.nbytes, name=n) for x, n in ((ks, "k"), (vs, "v")))
-    kb.write(0, ks)
-    vb.write(0, vs)
-    bufs = {name: BufferRange(x, 0, x.size) for name, x in (
-        ("q", qb), ("k", kb), ("v", vb), ("out", out), ("partial", part),
-        ("counter", counter), ("len", lens))}
-    p = DecodeProblem(b=b, hq=hq, hkv=hkv, lq=1, lk=lk, dk=d, dv=d, scale=scale,
-                      kv_dtype=args.kv)
+    case = dense_case(device, b, hq, hkv, lk, d, args.kv)
+    bufs, p = case.bufs, case.problem
     results = []
     for vjson in args.variant or ["{}"]:
         ov = json.loads(vjson)
@@ -210,8 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         lau.warm(args.warm)
         tl.write(0, np.zeros(n_groups * WORDS, np.uint32))
         rec.submit(wait=True)
-        got = out.read_array(0, (b, hq, 1, d), np.float32)
-        err = nse(got, ref)
+        err = nse(case.read_out(), case.ref)
         per = rec.dispatch_times_ns()
         print(f"{args.shape} {args.kv} {vjson}: {req.describe()}")
         print(f"  timestamps: {' + '.join(f'{x / 1e3:.1f}' for x in per)} us; nse {err:.1e}")
