@@ -67,15 +67,11 @@ from .attention_decode import (
     emit_fused_combine,
     mask_row,
 )
-from .attention_decode_staged import A16, ACC, B16, matrix_shader
+from .attention_decode_staged import A16, ACC, B16, fused_combine_shared, matrix_shader, x4
 
 #: Key offsets (within a 16-key block) of a lane's four scores of one row and of its four
 #: V rows, from ``lc``: 2 lc + KOFF[e]. The same e indexes both.
 KOFF = (0, 1, 8, 9)
-
-
-def _x4(n: int) -> int:
-    return -(-n // 4) * 4
 
 
 def generate_decode_regfed(r: DecodeRequest) -> str:
@@ -93,7 +89,7 @@ def generate_decode_regfed(r: DecodeRequest) -> str:
 
     binds = decode_bindings(r, "vec4", "uvec4", "float")
     pdst = "part" if fused else "dst"
-    shared = [f"shared float sM[{_x4(NSG * R)}];", f"shared float sL[{_x4(NSG * R)}];",
+    shared = [f"shared float sM[{x4(NSG * R)}];", f"shared float sL[{x4(NSG * R)}];",
               "shared uvec4 s_last4;", "#define s_last s_last4.x"]
     SLOTS = regfed_fold_slots(NSG, R, DV)
     FLAT = SLOTS == NSG  # else a tree of log2(NSG) rounds through NSG / 2 slots
@@ -101,8 +97,7 @@ def generate_decode_regfed(r: DecodeRequest) -> str:
     if SLOTS:
         shared.append(f"shared float sO[{SLOTS * R * RS}];")
     if fused:
-        shared += [f"shared float s_cw[{_x4(R * r.splits)}];",
-                   f"shared float s_cl[{_x4(R * r.splits)}];", f"shared float s_cden[{_x4(R)}];"]
+        shared += fused_combine_shared(r)
 
     L: list[str] = []
 

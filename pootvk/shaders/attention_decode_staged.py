@@ -63,8 +63,18 @@ ROW, COL = "gl_CooperativeMatrixLayoutRowMajor", "gl_CooperativeMatrixLayoutColu
 RESCALE_SLACK = 8.0
 
 
-def _x4(n: int) -> int:
+def x4(n: int) -> int:
+    """``n`` floats rounded up to whole 16-byte words: the matrix kernels declare every
+    workgroup array so (``staged_shared_bytes``, ``regfed_shared_bytes``)."""
     return -(-n // 4) * 4
+
+
+def fused_combine_shared(r: DecodeRequest) -> list[str]:
+    """The fused combine's per-(row, split) weights and sums and per-row denominators
+    (``emit_fused_combine``'s s_cw, s_cl, s_cden) as both matrix kernels declare them."""
+    R = r.rows_per_wg
+    return [f"shared float s_cw[{x4(R * r.splits)}];", f"shared float s_cl[{x4(R * r.splits)}];",
+            f"shared float s_cden[{x4(R)}];"]
 
 
 def generate_decode_staged(r: DecodeRequest) -> str:
@@ -108,8 +118,7 @@ def generate_decode_staged(r: DecodeRequest) -> str:
     if r.select_block:  # the row's block table (attention_decode.select_shared)
         shared += select_shared(r.select_block, r.select_k)
     if fused:
-        shared += [f"shared float s_cw[{_x4(R * r.splits)}];",
-                   f"shared float s_cl[{_x4(R * r.splits)}];", f"shared float s_cden[{_x4(R)}];"]
+        shared += fused_combine_shared(r)
 
     L: list[str] = []
 
