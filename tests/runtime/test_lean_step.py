@@ -11,6 +11,7 @@ import pytest
 from pootvk.errors import BindError, Closed, PootvkError
 from pootvk.ops import trace_decode_step
 from pootvk.runtime import build_replay
+from tests.helpers import reference_attention
 
 B, HQ, HKV, D, CAP = 1, 4, 2, 16, 24
 
@@ -20,16 +21,6 @@ def _values(rng: np.random.Generator, pos: object) -> dict[str, object]:
             "k_new": rng.standard_normal((B, HKV, 1, D), dtype=np.float32),
             "v_new": rng.standard_normal((B, HKV, 1, D), dtype=np.float32),
             "pos": pos}
-
-
-def _reference(q, k, v, n):
-    """float64 decode attention of q over the first n keys, GQA groups of HQ // HKV."""
-    rep = HQ // HKV
-    kk = np.repeat(k[:, :, :n].astype(np.float64), rep, axis=1)
-    vv = np.repeat(v[:, :, :n].astype(np.float64), rep, axis=1)
-    s = q.astype(np.float64) @ kk.transpose(0, 1, 3, 2) / np.sqrt(D)
-    p = np.exp(s - s.max(-1, keepdims=True))
-    return (p / p.sum(-1, keepdims=True)) @ vv
 
 
 @pytest.mark.parametrize("live", [True, False])
@@ -48,7 +39,7 @@ def test_lean_step_matches_the_general_path_and_the_reference(device, live) -> N
             k, v = lean.read_state("k_cache"), lean.read_state("v_cache")
             np.testing.assert_array_equal(k, general.read_state("k_cache"))
             np.testing.assert_array_equal(k[:, :, pos], vals["k_new"][:, :, 0])
-            ref = _reference(vals["q"], k, v, pos + 1)
+            ref = reference_attention(vals["q"], k[:, :, :pos + 1], v[:, :, :pos + 1])
             err = float(np.sum((got["out"] - ref) ** 2) / np.sum(ref ** 2))
             assert err <= 1e-9
 
