@@ -215,19 +215,20 @@ class SmClock:
         except Exception:
             return None
 
-    def sm_mhz(self) -> int | None:
+    def _clock_mhz(self, clock: str) -> int | None:
+        """NVML's current ``NVML_CLOCK_<clock>`` in MHz, or None."""
         if self.h is None:
             return None
-        mhz = self._read("nvmlDeviceGetClockInfo", self._pynvml.NVML_CLOCK_SM)
+        mhz = self._read("nvmlDeviceGetClockInfo", getattr(self._pynvml, f"NVML_CLOCK_{clock}"))
         return None if mhz is None else int(mhz)
+
+    def sm_mhz(self) -> int | None:
+        return self._clock_mhz("SM")
 
     def mem_mhz(self) -> int | None:
         """The memory clock now: with the SM clock, what a run that measured unlike
         another of the same code on the same device can be compared by."""
-        if self.h is None:
-            return None
-        mhz = self._read("nvmlDeviceGetClockInfo", self._pynvml.NVML_CLOCK_MEM)
-        return None if mhz is None else int(mhz)
+        return self._clock_mhz("MEM")
 
     def power_w(self) -> float | None:
         """The board's power draw now (W)."""
