@@ -532,14 +532,17 @@ REGFED_FLAT_FOLD_BYTES = 32768
 
 
 def regfed_fold_stride(dv: int) -> int:
-    """Floats a row takes in a register-fed fold slot: ``dv`` and one pad word per 32
-    channels. A lane's accumulator elements sit ``dv / 4`` channels apart from its
-    neighbours' (the V operand's channel permutation) and 4 or 8 rows share a store, so
-    unpadded rows of 128 floats put 16 lanes of a store in one bank; with the pad the
-    rows start 4 banks apart and each 32-channel group one bank further, so the 32 lanes
-    of a store hit 32 banks (H200, (1,32,8,32768) F16: the fold's first store round took
-    2.2 us of a 42.5 us launch, its second pass too, so not the cold code)."""
-    return dv + dv // 32
+    """Floats a row takes in a register-fed fold slot: ``dv``, one pad word per 16
+    channels, and 4 more where that leaves the row an even number of 4-word groups. The
+    lanes of a store hold one channel each, 16 channels apart (``16 lc`` + a constant: the
+    V operand's channel permutation, ``attention_decode_regfed``), in up to 8 rows; a
+    channel's word is ``c + (c >> 4)``, so lane ``lc`` lands ``17 lc`` words on, and rows
+    start ``4 x odd`` banks apart: the 32 lanes of a store hit 32 banks. Unpadded rows of
+    128 floats put 16 lanes of a store in one bank (H200, (1,32,8,32768) F16: the fold's
+    first store round took 2.2 us of a 42.5 us launch, its second pass too, so not the
+    cold code)."""
+    s = dv + dv // 16
+    return s + 4 if (s // 4) % 2 == 0 else s
 
 
 def regfed_fold_slots(subgroups: int, rows: int, dv: int) -> int:
