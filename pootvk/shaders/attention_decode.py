@@ -795,45 +795,63 @@ def _combine_lanes_per_row(r: DecodeRequest) -> int:
 
 
 def _emit_combine_one_round(r: DecodeRequest, emit, lane: str) -> None:
-    """The fused combine in one round of global loads: every lane loads its row's maxima
-    and sums and its elements' words of every split before using any, then folds them in
-    registers. The two-round form (maxima and sums through workgroup memory, then the
-    words) waits on L2 twice more behind barriers. H200, one run, fused, one round against
-    two (bench/decode_probe.py --calls 10): (4,32,8,8192) 8 splits F16 49.0 us against
-    50.6, F32 70.3-70.4 against 71.5; (8,32,8,8192) 6 splits F16 77.7-78.0 against 79.0,
-    F32 129.7-129.8 against 130.8-132.1; (1,32,8,4096) F32 16 splits 15.2 against 15.7;
-    (1,32,8,32768) F16 16 splits 46.3 against 45.8 (the one shape it did not help).
-    Splits past ``nact`` are clamped to an active one's
-    words (written) and weigh nothing (a select, so a duplicate inf cannot become NaN)."""
+    """The fused combine in one round of global loads: every lane issues its elements'
+    words of every split, and the first ``2 R SPLITS`` lanes one split's max or sum each,
+    before any is used; the maxima and sums meet in workgroup memory behind one barrier,
+    and each lane folds its words in registers with its row's weights.
+
+    Why this form: the two-round form (maxima and sums through workgroup memory, then the
+    words) waits on L2 twice behind barriers. H200, one run, fused, one round against two
+    (bench/decode_probe.py --calls 10): (4,32,8,8192) 8 splits F16 49.0 us against 50.6,
+    F32 70.3-70.4 against 71.5; (8,32,8,8192) 6 splits F16 77.7-78.0 against 79.0, F32
+    129.7-129.8 against 130.8-132.1; (1,32,8,4096) F32 16 splits 15.2 against 15.7.
+    Each lane loading its row's every max and sum itself (the form before this one, 2
+    SPLITS more loads a lane) made the last workgroup's combine 4.0 us of a (1,32,8,32768)
+    F16 launch at 16 splits (the cut after the arrival's atomic 40.6 us, the whole kernel
+    44.6); the tail grew with the loads a lane issues (4 splits' loads: 41.4).
+    Splits past ``nact`` are clamped to an active one's words (written) and weigh nothing
+    (a select, so a duplicate inf cannot become NaN)."""
     R, WG, S, DV = r.rows_per_wg, r.local_size, r.splits, r.dv
     lpr = _combine_lanes_per_row(r)
     E = DV // lpr
     st = DV + 2
-    emit(f"if ({lane} < {R * lpr}u) {{" if R * lpr < WG else "{")
-    emit(f"uint orow = bg * {r.group_rows}u + rbase + {lane} / {lpr}u;", 2)
-    emit(f"uint c = {lane} % {lpr}u;  // the lane's first channel", 2)
-    emit(f"uint rb = orow * {S * st}u;  // the row's partials", 2)
-    emit("uint base = rb + c;", 2)
-    emit(f"uint mb = rb + {DV}u;", 2)
+    emit("{  // names local to the combine")
+    emit(f"uint crow = min({lane} / {lpr}u, {R - 1}u);  // the lane's row of the block", 2)
+    emit(f"uint cc = {lane} % {lpr}u;  // its first channel", 2)
+    emit(f"uint cbase = (bg * {r.group_rows}u + rbase + crow) * {S * st}u + cc;", 2)
     for u in range(S):
-        at = f"min({u}u, nact - 1u) * {st}u"
-        emit(f"float m{u} = part[mb + {at}];", 2)
-        emit(f"float l{u} = part[mb + {at} + 1u];", 2)
         for j in range(E):
-            emit(f"float x{j}_{u} = part[base + {at} + {j * lpr}u];", 2)
-    emit("float M = NEG_INF;", 2)
+            emit(f"float x{j}_{u} = part[cbase + min({u}u, nact - 1u) * {st}u + {j * lpr}u];",
+                 2)  # a lane past the rows (crow clamped) loads a row's words, unused
+    # one max or sum a lane: (row, split, which) = id / 2S, id / 2 % S, id % 2
+    emit(f"for (uint id = {lane}; id < {2 * R * S}u; id += {WG}u) {{", 2)
+    emit(f"uint rr = id / {2 * S}u;", 3)
+    emit(f"uint u = (id >> 1u) % {S}u;", 3)
+    emit(f"float ml = part[(bg * {r.group_rows}u + rbase + rr) * {S * st}u "
+         f"+ min(u, nact - 1u) * {st}u + {DV}u + (id & 1u)];", 3)
+    emit(f"if ((id & 1u) == 0u) s_cw[rr * {S}u + u] = ml; else s_cl[rr * {S}u + u] = ml;", 3)
+    emit("}", 2)
+    emit("barrier();", 2)
+    emit(f"if ({lane} < {R * lpr}u) {{" if R * lpr < WG else "{", 2)
+    emit(f"uint cb = crow * {S}u;", 3)
     for u in range(S):
-        emit(f"M = {u}u < nact ? max(M, m{u}) : M;", 2)
-    emit("float den = 0.0;", 2)
+        emit(f"float m{u} = s_cw[cb + {u}u];", 3)
+    emit("float M = NEG_INF;", 3)
     for u in range(S):
-        emit(f"float w{u} = ({u}u < nact && m{u} != NEG_INF) ? exp(m{u} - M) : 0.0;", 2)
-        emit(f"den += {u}u < nact ? (isnan(l{u}) ? l{u} : w{u} * l{u}) : 0.0;", 2)
+        emit(f"M = {u}u < nact ? max(M, m{u}) : M;", 3)
+    emit("float den = 0.0;", 3)
+    for u in range(S):
+        emit(f"float w{u} = ({u}u < nact && m{u} != NEG_INF) ? exp(m{u} - M) : 0.0;", 3)
+        emit(f"float l{u} = s_cl[cb + {u}u];", 3)
+        emit(f"den += {u}u < nact ? (isnan(l{u}) ? l{u} : w{u} * l{u}) : 0.0;", 3)
+    emit(f"uint orow = bg * {r.group_rows}u + rbase + crow;", 3)
     for j in range(E):
-        emit(f"float acc{j} = 0.0;", 2)
+        emit(f"float acc{j} = 0.0;", 3)
         for u in range(S):
-            emit(f"acc{j} += {u}u < nact ? w{u} * x{j}_{u} : 0.0;", 2)
-        emit(f"dst[orow * {DV}u + c + {j * lpr}u] = acc{j} / den;"
-             "  // no key seen: 0/0 = NaN", 2)
+            emit(f"acc{j} += {u}u < nact ? w{u} * x{j}_{u} : 0.0;", 3)
+        emit(f"dst[orow * {DV}u + cc + {j * lpr}u] = acc{j} / den;"
+             "  // no key seen: 0/0 = NaN", 3)
+    emit("}", 2)
     emit("}")
 
 
