@@ -240,6 +240,11 @@ class DecodeRequest(_GroupShape):
     #: one round of loads, where they fit (``attention_decode.combine_in_one_round``);
     #: 2 = maxima and sums through workgroup memory first, then the words
     combine_rounds: int = 1
+    #: scalar kernel: the fold's workgroup memory ``s_o`` holds this many times
+    #: ``local_size / lanes_per_key`` accumulator rows of Dv, so that many times more query
+    #: rows fold per round (one round of two barriers each); 1 = as many entries as lane
+    #: groups (``attention_decode``)
+    fold_units: int = 1
     f16_convert: str = "unpack"  # F16 K/V: "unpack" (unpackHalf2x16) | "fp16" (FConvert)
     #: subgroup dot reduction: "butterfly" (every lane all-reduces every dot) | "scatter"
     #: (reduce-scatter the rows * keys_per_iter dots across the lanes of a key group, then
@@ -357,7 +362,8 @@ class DecodeRequest(_GroupShape):
                                        self.rows_per_wg, fused) + table
         return decode_shared_bytes(self.local_size, self.lanes_per_key, self.keys_per_iter,
                                    self.rows_per_wg, self.dv, self.subgroup, fused,
-                                   self.rows_per_wg * self.dk if self.q_workgroup else 0) + table
+                                   self.rows_per_wg * self.dk if self.q_workgroup else 0,
+                                   self.fold_units) + table
 
     @property
     def paged(self) -> bool:
@@ -419,6 +425,7 @@ class DecodeRequest(_GroupShape):
             f"{'prefetch ' if self.prefetch else ''}"
             f"{'fused ' if self.fused_combine and self.splits > 1 else ''}"
             f"{'combine2 ' if self.combine_rounds == 2 else ''}"
+            f"{f'fold_units={self.fold_units} ' if self.fold_units > 1 else ''}"
             f"{'fp16cvt ' if self.f16_convert == 'fp16' else ''}"
             f"{'' if self.dot_reduce == _DEFAULT_DOT_REDUCE else self.dot_reduce + ' '}"
             f"{'' if self.lazy_rescale == _DEFAULT_LAZY else _LAZY_TAG[self.lazy_rescale]}"
@@ -493,18 +500,37 @@ def chunk_for(lk: int, splits: int, tile: int) -> int:
     return -(-per // tile) * tile
 
 
+def _fold_units(profile: DeviceProfile, local: int, lanes: int, kpi: int, rows: int, dv: int,
+                subgroup: bool, fused_splits: int, q_floats: int, table: int) -> int:
+    """``DecodeRequest.fold_units`` of a GPU's scalar kernel: 2 where the fold would take
+    more than one round (with subgroups ``s_o`` holds ``subgroup / lanes`` rows a round:
+    2 of 4 at 16 lanes a key) and twice its accumulators fit the workgroup memory, so
+    twice the rows fold a round (one round fewer, two barriers). H200, (1,32,8,32768)
+    F32, 16 lanes a key, 4 rows, 16 splits, one call, alternated: 71.6 us against 71.9
+    (scratch A/B of this session, BENCHMARKS.md session 25). 1 on a CPU (not measured)."""
+    if not subgroup or profile.device_type == "cpu" or rows < 2:
+        return 1
+    sub = max(1, profile.subgroup_size)
+    per_round = max(1, (local // lanes) // max(1, local // sub))
+    if per_round >= rows:
+        return 1
+    fits = decode_shared_bytes(local, lanes, kpi, rows, dv, subgroup, fused_splits, q_floats,
+                               2) + table <= profile.max_workgroup_memory
+    return 2 if fits else 1
+
+
 def decode_shared_bytes(local_size: int, lanes_per_key: int, keys_per_iter: int, rows: int,
                         dv: int, subgroup: bool, fused_splits: int = 0,
-                        q_floats: int = 0) -> int:
+                        q_floats: int = 0, fold_units: int = 1) -> int:
     """Workgroup memory of the partial kernel: the final fold (m, l per row and lane group,
-    one row's accumulators per lane group), the fused combine's one-word arrival flag
+    ``fold_units`` rows' accumulators per lane group), the fused combine's one-word arrival flag
     (``s_last``, counted always: the H200 lost the device on a kernel 4 bytes over its
     49152-byte limit when it was not) and, with ``fused_splits``, its per-(row, split)
     weights and sums and per-row denominators; plus, without subgroups, the dot reduction
     buffer (at most ``REDUCE_ROWS`` rows at a time), and ``q_floats`` of query rows
     (``DecodeRequest.q_workgroup``)."""
     groups = local_size // lanes_per_key
-    fold = 2 * rows * groups * 4 + groups * dv * 4
+    fold = 2 * rows * groups * 4 + fold_units * groups * dv * 4
     red = 0 if subgroup else reduce_rows(rows, keys_per_iter, local_size) * keys_per_iter \
         * local_size * 4
     combine = 4 * (2 * rows * fused_splits + rows) if fused_splits else 0
@@ -840,6 +866,8 @@ def choose_decode_schedule(
     fused_override = ov.pop("fused_combine", None)
     min_chunk_override = ov.pop("min_chunk", None)
     combine_rounds = int(ov.pop("combine_rounds", DecodeRequest.combine_rounds))
+    fold_override = ov.pop("fold_units", None)
+    fold_units = int(fold_override or DecodeRequest.fold_units)
     f16_convert = str(ov.pop("f16_convert", "unpack"))
     dot_reduce = str(ov.pop("dot_reduce", "scatter" if short16 else DecodeRequest.dot_reduce))
     lazy_rescale = bool(ov.pop("lazy_rescale", short16 or DecodeRequest.lazy_rescale))
@@ -851,15 +879,15 @@ def choose_decode_schedule(
         raise TypeError(f"unknown schedule overrides: {sorted(ov)}")
     # Fit the workgroup memory: halve the workgroup, then the keys per step.
     table = select_table_bytes(p.select_k if p.select_block else -1)
-    while decode_shared_bytes(local, lanes, kpi, rows, p.dv, subgroup, 0, q_floats) + table > \
-            profile.max_workgroup_memory:
+    while decode_shared_bytes(local, lanes, kpi, rows, p.dv, subgroup, 0, q_floats,
+                              fold_units) + table > profile.max_workgroup_memory:
         if local > max(lanes, sub if subgroup else 1):
             local //= 2
         elif kpi > 1:
             kpi //= 2
         else:
-            need = decode_shared_bytes(local, lanes, kpi, rows, p.dv, subgroup, 0, q_floats) \
-                + table
+            need = decode_shared_bytes(local, lanes, kpi, rows, p.dv, subgroup, 0, q_floats,
+                                       fold_units) + table
             raise AttentionLds(p.dv, need, profile.max_workgroup_memory)
 
     blocks = p.group_rows // rows
@@ -893,6 +921,10 @@ def choose_decode_schedule(
         groups = p.b * p.hkv * blocks * splits
     fused, min_chunk = _fused_combine(profile, groups, splits, force_splits, fused_override,
                                       min_chunk_override)
+    if fold_override is None:
+        fold_units = _fold_units(profile, local, lanes, kpi, rows, p.dv, subgroup,
+                                 splits if fused and splits > 1 else 0, q_floats=(
+                                     rows * p.dk if q_workgroup else 0), table=table)
     combine_groups = -(-out_rows * p.dv // COMBINE_LOCAL)
     r = DecodeRequest(
         b=p.b, hq=p.hq, hkv=p.hkv, lq=p.lq, lk=p.lk, dk=p.dk, dv=p.dv, scale=float(p.scale),
@@ -901,7 +933,8 @@ def choose_decode_schedule(
         lanes_per_key=lanes, local_size=local, keys_per_iter=kpi, load_elems=load_elems,
         subgroup=subgroup, grid=fold_grid(groups, profile.max_grid),
         combine_grid=fold_grid(combine_groups, profile.max_grid), prefetch=prefetch,
-        fused_combine=fused, combine_rounds=combine_rounds, f16_convert=f16_convert,
+        fused_combine=fused, combine_rounds=combine_rounds, fold_units=fold_units,
+        f16_convert=f16_convert,
         dot_reduce=dot_reduce, lazy_rescale=lazy_rescale, q_workgroup=q_workgroup,
         dk_shared=p.dk_shared, min_chunk=min_chunk,
         pool_slots=p.pool_slots, select_block=p.select_block, select_k=p.select_k,
@@ -954,6 +987,8 @@ def check_request(r: DecodeRequest) -> None:
 
     if r.combine_rounds not in (1, 2):
         raise bad("combine_rounds must be 1 or 2")
+    if r.fold_units < 1 or (r.fold_units > 1 and r.matrix):
+        raise bad("fold_units is the scalar kernel's, at least 1")
     if r.select_block:
         check_selected_mode(r, "decode schedule")
         if r.lq > 1 and r.rows_per_wg != 1:

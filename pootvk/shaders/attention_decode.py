@@ -185,7 +185,7 @@ def generate_decode_partial(r: DecodeRequest) -> str:
                    "}\n")
     red_rows = reduce_rows(R, KPI, WG)
     shared = [f"shared float s_m[{R * NG}];", f"shared float s_l[{R * NG}];",
-              f"shared {vt} s_o[{NG * DVW}];"]
+              f"shared {vt} s_o[{r.fold_units * NG * DVW}];"]
     if r.q_workgroup:
         shared.append(f"shared {vt} s_q[{R * DKW}];")
     if not r.subgroup:
@@ -481,7 +481,7 @@ def generate_decode_partial(r: DecodeRequest) -> str:
         emit(f"L{i} += isnan(lu{i}) ? lu{i} : (mu{i} == NEG_INF) ? 0.0 : "
              f"lu{i} * exp(mu{i} - M{i});", 2)
     emit("}")
-    emit(f"uint fb = max(1u, {NG}u / {nent});  // rows whose accumulators s_o holds at once")
+    emit(f"uint fb = max(1u, {r.fold_units * NG}u / {nent});  // rows s_o holds at once")
 
     def pick(name: str) -> str:
         """Row ``row``'s ``name{i}`` (a compare chain over named registers, no array)."""

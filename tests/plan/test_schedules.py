@@ -107,6 +107,22 @@ def test_split_count_fills_the_last_wave_of_workgroups():
     assert _fill_waves(8, 3, 10, 16) == 4  # equal fills: more workgroups
 
 
+def test_fold_units_fold_every_row_in_one_round_where_it_fits():
+    """The scalar kernel's fold holds twice the rows where it would take more than one
+    round (16 lanes a key: 2 of 4 rows a round) and the doubled fold fits; not with one
+    row, on a CPU, in the register-fed kernel, or where workgroup memory is short."""
+    h200 = recorded_profile("nvidia_h200")
+    f32 = plan_for(h200, 1, 32, 8, 32768).kernels[0].request
+    assert (f32.lanes_per_key, f32.rows_per_wg, f32.fold_units) == (16, 4, 2)
+    assert f32.shared_bytes <= h200.max_workgroup_memory
+    assert plan_for(h200, 1, 32, 8, 32768, kv=F16).kernels[0].request.fold_units == 1
+    assert plan_for(h200, 1, 32, 32, 32768).kernels[0].request.fold_units == 1  # one row
+    assert plan_for(recorded_profile("lavapipe"), 1, 32, 8, 4096).kernels[0].request \
+        .fold_units == 1
+    tight = h200.with_(max_workgroup_memory=f32.shared_bytes - 4)
+    assert plan_for(tight, 1, 32, 8, 32768).kernels[0].request.fold_units == 1
+
+
 def test_16bit_kv_needs_16bit_storage_on_the_profile():
     intel = recorded_profile("intel_arc_anv")
     assert not intel.extra.get("storage_buffer_16bit")

@@ -278,6 +278,25 @@ def test_fused_combine_in_one_or_two_rounds_of_loads(device, rounds, splits):
 
 
 @pytest.mark.parametrize("subgroup", [True, False], ids=["subgroup", "shared"])
+@pytest.mark.parametrize("units", [2, 4])
+@pytest.mark.parametrize("kv,splits,lq", [("f32", 16, 1), ("f16", 1, 3), ("bf16", 7, 1)])
+def test_fold_units_fold_more_rows_a_round(device, units, kv, splits, lq, subgroup):
+    """``fold_units``: s_o holds more rows' accumulators, so the rows fold in fewer rounds
+    (all of them in one where they fit), over 8 and 6 rows a workgroup (one round, and a
+    last round short of full), widths that differ, ALiBi and live lengths that leave
+    splits empty."""
+    hq = 8 if lq == 1 else 2
+    lens = np.array([1000, 300], np.int32)
+    req, _ = case(device, b=2, hq=hq, hkv=1, lq=lq, lk=1000, dk=72, dv=40, kv=kv,
+                  splits=splits, subgroup=subgroup, live=lens, mask="alibi",
+                  overrides={"fold_units": units, "rows_per_wg": hq * lq}, seed=units)
+    assert req.fold_units == units and req.rows_per_wg == hq * lq
+    assert f"fold_units={units}" in req.describe()
+    src = generate_decode(req)[0]
+    assert f"s_o[{units * req.local_size // req.lanes_per_key * 10}]" in src
+
+
+@pytest.mark.parametrize("subgroup", [True, False], ids=["subgroup", "shared"])
 @pytest.mark.parametrize("kv,splits", [("f32", 1), ("f16", 7), ("bf16", 16)])
 def test_query_in_workgroup_memory(device, kv, splits, subgroup):
     """``q_workgroup``: the rows' query slices stored once to workgroup memory and read at
