@@ -778,8 +778,9 @@ COMBINE_ROUND_LOADS = 96
 
 def combine_in_one_round(r: DecodeRequest) -> bool:
     """Whether the fused combine loads everything it needs at once: each lane serves one
-    row (``_combine_lanes_per_row`` lanes a row), so it reads its row's
-    SPLITS maxima and sums beside its elements' SPLITS words, within COMBINE_ROUND_LOADS."""
+    row (``_combine_lanes_per_row`` lanes a row) and issues its elements' SPLITS words,
+    within COMBINE_ROUND_LOADS counted as when it also loaded its row's SPLITS maxima and
+    sums (the bound the one-round form was measured under; it now loads at most one)."""
     lpr = _combine_lanes_per_row(r)
     return lpr > 0 and (r.dv // lpr + 2) * r.splits <= COMBINE_ROUND_LOADS
 
