@@ -590,8 +590,15 @@ def decode_bindings(r: DecodeRequest, q: str, kv: str, dst: str) -> list[str]:
         decls += [("part", "float", "coherent "), ("counter", "uint", "coherent ")]
     decls.append(("dst", dst, "writeonly "))
     assert len(decls) == len(r.bindings())
-    return [_buffer(i, name, elem, readonly=False, access=access)
-            for i, (name, elem, access) in enumerate(decls)]
+    out = [_buffer(i, name, elem, readonly=False, access=access)
+           for i, (name, elem, access) in enumerate(decls)]
+    if r.splits > 1 and r.fused_combine and r.dv % 2 == 0:
+        # the one-round combine reads a split's words two channels a load (a row's
+        # partial starts at an even float: Dv + 2 floats a partial)
+        i = [n for n, _, _ in decls].index("part")
+        out[i] += (f"layout(std430, set = 0, binding = {i}) coherent buffer B{i}x2 "
+                   "{ vec2 part2[]; };\n")
+    return out
 
 
 def mask_row(r: DecodeRequest, name: str, row: str) -> str:
@@ -785,12 +792,13 @@ def combine_in_one_round(r: DecodeRequest) -> bool:
     return lpr > 0 and (r.dv // lpr + 2) * r.splits <= COMBINE_ROUND_LOADS
 
 
-def _combine_lanes_per_row(r: DecodeRequest) -> int:
+def _combine_lanes_per_row(r: DecodeRequest, width: int = 1) -> int:
     """Lanes of the one-round combine a row: the most of the workgroup's ``local_size /
-    rows_per_wg`` that divide Dv (the lanes past ``rows_per_wg`` of them idle); 0 when a
-    row would not get one."""
-    lpr = min(r.local_size // r.rows_per_wg, r.dv)
-    while lpr > 1 and r.dv % lpr:
+    rows_per_wg`` that divide the row's ``Dv / width`` loads (the lanes past
+    ``rows_per_wg`` of them idle); 0 when a row would not get one."""
+    n = r.dv // width
+    lpr = min(r.local_size // r.rows_per_wg, n)
+    while lpr > 1 and n % lpr:
         lpr -= 1
     return lpr
 
@@ -809,21 +817,26 @@ def _emit_combine_one_round(r: DecodeRequest, emit, lane: str) -> None:
     Each lane loading its row's every max and sum itself (the form before this one, 2
     SPLITS more loads a lane) made the last workgroup's combine 4.0 us of a (1,32,8,32768)
     F16 launch at 16 splits (the cut after the arrival's atomic 40.6 us, the whole kernel
-    44.6); the tail grew with the loads a lane issues (4 splits' loads: 41.4).
-    Splits past ``nact`` are clamped to an active one's words (written) and weigh nothing
-    (a select, so a duplicate inf cannot become NaN)."""
+    44.6); the tail grew with the loads a lane issues (4 splits' loads: 41.4). Where Dv is
+    even the words load two channels at a time through the alias ``part2`` (a partial is
+    Dv + 2 floats, so each starts at an even float): (1,32,8,32768) F16 41.9 us against
+    42.1, F32 70.4 against 70.6, one call. Splits past ``nact`` are clamped to an active
+    one's words (written) and weigh nothing (a select, so a duplicate inf cannot become
+    NaN)."""
     R, WG, S, DV = r.rows_per_wg, r.local_size, r.splits, r.dv
-    lpr = _combine_lanes_per_row(r)
-    E = DV // lpr
+    W = 2 if DV % 2 == 0 else 1  # channels a load (vec2 through the alias part2)
+    T, src = ("vec2", "part2") if W == 2 else ("float", "part")
+    lpr = _combine_lanes_per_row(r, W)
+    E = DV // W // lpr  # loads a lane and split
     st = DV + 2
     emit("{  // names local to the combine")
     emit(f"uint crow = min({lane} / {lpr}u, {R - 1}u);  // the lane's row of the block", 2)
-    emit(f"uint cc = {lane} % {lpr}u;  // its first channel", 2)
-    emit(f"uint cbase = (bg * {r.group_rows}u + rbase + crow) * {S * st}u + cc;", 2)
+    emit(f"uint cc = {lane} % {lpr}u;  // its first {T}", 2)
+    emit(f"uint cbase = (bg * {r.group_rows}u + rbase + crow) * {S * st // W}u + cc;", 2)
     for u in range(S):
         for j in range(E):
-            emit(f"float x{j}_{u} = part[cbase + min({u}u, nact - 1u) * {st}u + {j * lpr}u];",
-                 2)  # a lane past the rows (crow clamped) loads a row's words, unused
+            emit(f"{T} x{j}_{u} = {src}[cbase + min({u}u, nact - 1u) * {st // W}u "
+                 f"+ {j * lpr}u];", 2)  # a lane past the rows (crow clamped): unused
     # one max or sum a lane: (row, split, which) = id / 2S, id / 2 % S, id % 2
     emit(f"for (uint id = {lane}; id < {2 * R * S}u; id += {WG}u) {{", 2)
     emit(f"uint rr = id / {2 * S}u;", 3)
@@ -847,11 +860,12 @@ def _emit_combine_one_round(r: DecodeRequest, emit, lane: str) -> None:
         emit(f"den += {u}u < nact ? (isnan(l{u}) ? l{u} : w{u} * l{u}) : 0.0;", 3)
     emit(f"uint orow = bg * {r.group_rows}u + rbase + crow;", 3)
     for j in range(E):
-        emit(f"float acc{j} = 0.0;", 3)
+        emit(f"{T} acc{j} = {T}(0.0);", 3)
         for u in range(S):
-            emit(f"acc{j} += {u}u < nact ? w{u} * x{j}_{u} : 0.0;", 3)
-        emit(f"dst[orow * {DV}u + cc + {j * lpr}u] = acc{j} / den;"
-             "  // no key seen: 0/0 = NaN", 3)
+            emit(f"acc{j} += {u}u < nact ? w{u} * x{j}_{u} : {T}(0.0);", 3)
+        acc = [f"acc{j}.x", f"acc{j}.y"] if W == 2 else [f"acc{j}"]
+        for e, a in enumerate(acc):  # no key seen: 0/0 = NaN
+            emit(f"dst[orow * {DV}u + {W}u * (cc + {j * lpr}u) + {e}u] = {a} / den;", 3)
     emit("}", 2)
     emit("}")
 

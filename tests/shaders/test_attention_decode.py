@@ -277,6 +277,19 @@ def test_fused_combine_in_one_or_two_rounds_of_loads(device, rounds, splits):
     assert ("combine2" in req.describe()) == (rounds == 2)
 
 
+@pytest.mark.parametrize("dv", [45, 44])
+def test_one_round_combine_reads_two_channels_a_load_where_dv_is_even(device, dv):
+    """The one-round fused combine loads a split's words as vec2 through the alias
+    ``part2`` where Dv is even (a partial is Dv + 2 floats, so every row's words start
+    at an even float), as floats where it is odd; live lengths leave splits empty."""
+    req, _ = case(device, b=2, hq=4, hkv=2, lk=300, dk=45, dv=dv, splits=7,
+                  live=np.array([300, 50], np.int32),
+                  overrides={"load_elems": 1, "lanes_per_key": 1, "fused_combine": True})
+    assert req.fused_combine and combine_in_one_round(req)
+    src = generate_decode(req)[0]
+    assert ("part2[" in src) == (dv % 2 == 0)
+
+
 @pytest.mark.parametrize("subgroup", [True, False], ids=["subgroup", "shared"])
 @pytest.mark.parametrize("units", [2, 4])
 @pytest.mark.parametrize("kv,splits,lq", [("f32", 16, 1), ("f16", 1, 3), ("bf16", 7, 1)])
