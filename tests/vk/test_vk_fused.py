@@ -19,8 +19,9 @@ from tests.random_graphs import elementwise_graphs, rms_norm, swiglu
 from tests.vk.test_vk_graphs import run_on_device
 
 
-def check(device, g, ins, tol=1e-6):
-    """Compile (fusing), run on the device, compare every output with the oracle on ``g``."""
+def check(device, g, ins, tol=1e-6, scale=0.0):
+    """Compile (fusing), run on the device, compare every output with the oracle on ``g``
+    (``scale``: ``assert_close``'s floor on the values' scale)."""
     c = compile_graph(g)
     ref = evaluate(g, ins)
     out, _ = run_on_device(device, c, ins)
@@ -29,7 +30,7 @@ def check(device, g, ins, tol=1e-6):
         if r.dtype.kind in "iub":
             np.testing.assert_array_equal(got, r, err_msg=k)
         else:
-            assert_close(got.astype(np.float32), r.astype(np.float32), tol)
+            assert_close(got.astype(np.float32), r.astype(np.float32), tol, scale)
     return c
 
 
@@ -141,8 +142,10 @@ def test_a_16bit_reduction_input_is_rounded_before_it_is_summed(device):
 @settings(max_examples=examples(10), deadline=None)
 @given(g=elementwise_graphs(tame=True))
 def test_random_graphs_fused_on_the_device(device, g):
+    """Errors against the inputs' scale (standard normal: 1): a graph whose output cancels
+    to ~1e-7 (``tanh(s) - s``) is held to the operands' rounding, not to its own size."""
     ins = random_inputs(g, np.random.default_rng(0))
-    check(device, g, ins, tol=1e-5)
+    check(device, g, ins, tol=1e-5, scale=1.0)
 
 
 def test_folded_grids_on_the_device(device):
