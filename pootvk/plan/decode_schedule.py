@@ -867,7 +867,7 @@ def choose_decode_schedule(
     min_chunk_override = ov.pop("min_chunk", None)
     combine_rounds = int(ov.pop("combine_rounds", DecodeRequest.combine_rounds))
     fold_override = ov.pop("fold_units", None)
-    fold_units = int(fold_override or DecodeRequest.fold_units)
+    fold_units = DecodeRequest.fold_units if fold_override is None else int(fold_override)
     f16_convert = str(ov.pop("f16_convert", "unpack"))
     dot_reduce = str(ov.pop("dot_reduce", "scatter" if short16 else DecodeRequest.dot_reduce))
     lazy_rescale = bool(ov.pop("lazy_rescale", short16 or DecodeRequest.lazy_rescale))
