@@ -67,13 +67,16 @@ from ..plan.decode_schedule import (
     regfed_fold_slots,
     regfed_fold_stride,
 )
-from .attention_decode import (
-    decode_bindings,
-    emit_chunk_prologue,
-    emit_fused_combine,
-    mask_row,
+from .attention_decode import decode_bindings, emit_fused_combine, mask_row
+from .attention_decode_staged import (
+    A16,
+    ACC,
+    B16,
+    emit_matrix_prologue,
+    fused_combine_shared,
+    matrix_shader,
+    x4,
 )
-from .attention_decode_staged import A16, ACC, B16, fused_combine_shared, matrix_shader, x4
 
 #: Key offsets (within a 16-key block) of a lane's four scores of one row and of its four
 #: V rows, from ``lc``: 2 lc + KOFF[e]. The same e indexes both.
@@ -110,13 +113,9 @@ def generate_decode_regfed(r: DecodeRequest) -> str:
     def emit(s: str, ind: int = 1) -> None:
         L.append("    " * ind + s)
 
-    emit_chunk_prologue(r, emit)
-    emit("uint lane = gl_LocalInvocationIndex;")
-    emit("uint sg = gl_SubgroupID;")
-    emit("uint ln = gl_SubgroupInvocationID;")
+    emit_matrix_prologue(r, emit)
     emit("uint lr = ln >> 2u;  // the lane's matrix row (and B column)")
     emit("uint lc = ln & 3u;  // its column pair")
-    emit("uint kvrow = bg * LK_CAP;  // first key row of this KV head")
     # Reads clamp to the chunk's last key: a key past it (a NaN past a live length, or the
     # next step's prefetch past the end) reads a row of this chunk instead, finite, whose
     # weight is 0; so no V word needs zeroing before the product

@@ -77,6 +77,17 @@ def fused_combine_shared(r: DecodeRequest) -> list[str]:
             f"shared float s_cden[{x4(R)}];"]
 
 
+def emit_matrix_prologue(r: DecodeRequest, emit) -> None:
+    """Both matrix kernels' start: the chunk's bounds (``emit_chunk_prologue``), the
+    lane's index in the workgroup (``lane``), its subgroup (``sg``) and place in it
+    (``ln``), and the KV head's first key row (``kvrow``)."""
+    emit_chunk_prologue(r, emit)
+    emit("uint lane = gl_LocalInvocationIndex;")
+    emit("uint sg = gl_SubgroupID;")
+    emit("uint ln = gl_SubgroupInvocationID;")
+    emit("uint kvrow = bg * LK_CAP;  // first key row of this KV head")
+
+
 def generate_decode_staged(r: DecodeRequest) -> str:
     check_request(r)
     WG = r.local_size
@@ -125,11 +136,7 @@ def generate_decode_staged(r: DecodeRequest) -> str:
     def emit(s: str, ind: int = 1) -> None:
         L.append("    " * ind + s)
 
-    emit_chunk_prologue(r, emit)
-    emit("uint lane = gl_LocalInvocationIndex;")
-    emit("uint sg = gl_SubgroupID;")
-    emit("uint ln = gl_SubgroupInvocationID;")
-    emit("uint kvrow = bg * LK_CAP;  // first key row of this KV head")
+    emit_matrix_prologue(r, emit)
     if DS:
         emit("uint ksrow = b * LK_CAP;  // first k_shared row of this batch row")
     if r.select_block:  # logical keys: clamped to the row's last, read through its table
