@@ -281,6 +281,11 @@ class DecodeRequest(_GroupShape):
     #: matrix kernel: the scaled query is held as two f16 parts (hi + lo, two products per
     #: key block), so rounding it to f16 costs no accuracy (needs a tile of >= 32 keys)
     q_split: bool = False
+    #: split kernels: the active splits take a (batch row, KV head, row block)'s key tiles in
+    #: turn (split s: tiles s, s + n, s + 2n ... of [0, LK), n the active splits) instead of
+    #: one chunk of consecutive tiles each; the launch's workgroups then read one window of
+    #: each head together (``interleave_planned``)
+    interleave: bool = False
     #: matrix kernel with ``prefetch``: the steps whose 16-byte words are in flight while a
     #: step computes (a register set each; the loop is unrolled this many times). One step
     #: of the MLA shape (16 keys) computes in well under a memory latency, so with one set
@@ -434,6 +439,7 @@ class DecodeRequest(_GroupShape):
             f"{f'coopmat{self.matrix} ' if self.matrix else ''}"
             f"{'regfed ' if self.matrix and self.matrix_feed == 'registers' else ''}"
             f"{'qsplit ' if self.q_split else ''}"
+            f"{'interleave ' if self.interleave else ''}"
             f"{f'prefetch_steps={self.prefetch_steps} ' if self.prefetch_steps > 1 else ''}"
             f"{f'score_acc={self.score_accumulators} ' if self.score_accumulators > 1 else ''}"
             f"grid={self.grid[0]}x{self.grid[1]}"
@@ -732,10 +738,45 @@ def choose_decode_schedule(
     shaders (the profile does not record it yet). ``force_splits`` is the test hook that
     forces a split count (chunks may then be partial or empty). ``overrides`` replaces
     schedule fields (lanes_per_key, local_size, keys_per_iter, rows_per_wg, load_elems,
-    subgroup) for measurements; ``matrix`` (0 or 16) and ``matrix_feed`` ("staged" or
-    "registers") pick a kernel. The result is checked like any other request.
+    subgroup, interleave) for measurements; ``matrix`` (0 or 16) and ``matrix_feed``
+    ("staged" or "registers") pick a kernel. The result is checked like any other request.
     """
     ov = dict(overrides or {})
+    inter = ov.pop("interleave", None)
+    r = _choose_schedule(p, profile, has_subgroup_shuffle, force_splits, max_splits, ov)
+    want = interleave_planned(r, profile) if inter is None else bool(inter)
+    if r.interleave != (want and r.splits > 1):
+        r = replace(r, interleave=want and r.splits > 1)
+        check_request(r)
+    return r
+
+
+#: Fewest keys a split (Lk / splits) for which a GPU's split kernel takes its tiles in turn.
+INTERLEAVE_MIN_CHUNK = 2048
+
+
+def interleave_planned(r: DecodeRequest, profile: DeviceProfile) -> bool:
+    """Whether the split kernel ``r`` takes its tiles in turn (``DecodeRequest.interleave``):
+    on a GPU, for the scalar and register-fed kernels, where each split holds at least
+    INTERLEAVE_MIN_CHUNK keys. There the launch's workgroups read one window of each head
+    together instead of 16 streams 2048 keys apart. H200, D=128, one call, alternated,
+    consecutive tiles against in turn: (1,32,8,32768) F16 41.96 -> 41.65 us (another call
+    41.90 -> 41.61), F32 70.53 -> 70.36; (1,32,8,131072) F16 129.63 -> 129.06, F32
+    246.5 -> 244.5; (1,32,32,32768) F16 123.89 -> 123.45, F32 239.0 -> 237.3;
+    (8,32,8,8192) F16 (4096 keys a split) 70.34 -> 70.35. Shorter splits lose or are even:
+    (1,32,8,4096) F32 (256 keys) 14.73 -> 15.30, F16 13.78 -> 13.88; (1,8,1,65536) (1024,
+    two launches) F32 39.21 -> 39.53, F16 29.31 -> 27.87; (8,32,8,8192) F32 (1366)
+    127.46 -> 127.38. The staged matrix kernel keeps its chunks (not measured). A CPU's
+    workgroups are few and each core streams its own chunk: consecutive tiles."""
+    return (r.splits > 1 and profile.device_type != "cpu"
+            and not (r.matrix and r.matrix_feed == "staged")
+            and r.lk >= INTERLEAVE_MIN_CHUNK * r.splits)
+
+
+def _choose_schedule(p: DecodeProblem, profile: DeviceProfile, has_subgroup_shuffle: bool,
+                     force_splits: int | None, max_splits: int, ov: dict) -> DecodeRequest:
+    """``choose_decode_schedule`` but the key order: ``ov`` is the overrides' copy."""
+    overrides = dict(ov)
     matrix = ov.pop("matrix", None)
     feed = ov.pop("matrix_feed", None)
     if feed is not None and matrix is None:
@@ -953,9 +994,8 @@ def choose_decode_schedule(
     if (cu and profile.device_type != "cpu" and p.lq == 1 and half >= 1
             and "rows_per_wg" not in ov_keys and "max_rows" not in ov_keys
             and r.workgroups * 2 <= cu and p.group_rows % half == 0):
-        return choose_decode_schedule(p, profile, has_subgroup_shuffle=has_subgroup_shuffle,
-                                      force_splits=force_splits, max_splits=max_splits,
-                                      overrides={**(overrides or {}), "rows_per_wg": half})
+        return _choose_schedule(p, profile, has_subgroup_shuffle, force_splits, max_splits,
+                                {**overrides, "rows_per_wg": half})
     return r
 
 
@@ -987,6 +1027,8 @@ def check_request(r: DecodeRequest) -> None:
 
     if r.combine_rounds not in (1, 2):
         raise bad("combine_rounds must be 1 or 2")
+    if r.interleave and r.splits == 1:
+        raise bad("interleave takes a split's tiles in turn: it needs splits > 1")
     if r.fold_units < 1 or (r.fold_units > 1 and r.matrix):
         raise bad("fold_units is the scalar kernel's, at least 1")
     if r.select_block:

@@ -258,7 +258,7 @@ def generate_decode_partial(r: DecodeRequest) -> str:
 
     def key_rows(it: str, ind: int, decl: str = "uint ") -> None:
         """t/ok/tt/kb/vb of the keys of step ``it`` (reads past the chunk are clamped)."""
-        emit(f"{decl}base = k0 + {it} * {r.tile}u + gi;", ind)
+        emit(f"{decl}base = k0 + {it} * KSTEP + gi;", ind)
         for j in range(KPI):
             emit(f"{decl}t{j} = base + {j * NG}u;", ind)
             emit(f"{decl.replace('uint', 'bool')}ok{j} = t{j} < k1;", ind)
@@ -316,7 +316,7 @@ def generate_decode_partial(r: DecodeRequest) -> str:
         loads(2, False, "px")
         if r.paged:  # step 1's pool rows: each step's K/V loads never wait on a map read
             for j in range(KPI):
-                emit(f"sr{j} = {pool_row(f'min(k0 + gi + {r.tile + j * NG}u, max(k1, 1u) - 1u)')};",
+                emit(f"sr{j} = {pool_row(f'min(k0 + gi + KSTEP + {j * NG}u, max(k1, 1u) - 1u)')};",
                      2)
         emit("}")
     query_rows()
@@ -332,7 +332,7 @@ def generate_decode_partial(r: DecodeRequest) -> str:
         # `it + 1 < nit` made the H200 kernel 1.2-1.4x slower, the loop's loads no longer
         # overlapping the step's math)
         emit("{  // issue the next step's loads now", 2)
-        emit(f"uint nb = k0 + (it + 1u) * {r.tile}u + gi;", 3)
+        emit("uint nb = k0 + (it + 1u) * KSTEP + gi;", 3)
         if r.paged:
             loads(3, False, rows="sr")  # rows looked up a step ago
         else:
@@ -341,7 +341,7 @@ def generate_decode_partial(r: DecodeRequest) -> str:
             loads(3, False, "px")
         if r.paged:  # the step after next: its pool rows (read words) now
             for j in range(KPI):
-                emit(f"sr{j} = {pool_row(f'min(nb + {r.tile + j * NG}u, k1 - 1u)')};", 3)
+                emit(f"sr{j} = {pool_row(f'min(nb + KSTEP + {j * NG}u, k1 - 1u)')};", 3)
         emit("}", 2)
         kname, vname = "kc", "vc"
     else:
@@ -615,7 +615,9 @@ def emit_chunk_prologue(r: DecodeRequest, emit) -> None:
     """This workgroup's place (split, row block, batch row b, KV head g) and its keys: the
     live length LK (row b's ``len`` clamped into [0, Lk] when live; a selected row's
     logical length from its block table, ``select_table``), the split's chunk
-    [k0, k1) in whole tiles and its step count ``nit``; with the fused combine ``nact``
+    [k0, k1) in whole tiles, ``KSTEP`` (keys from one of its tiles to the next: the tile, or
+    with ``interleave`` the active splits' tiles) and its step count ``nit``; with the
+    fused combine ``nact``
     (splits holding a key) and the early exit of the splits past it. Shared by the scalar
     and the matrix kernels."""
     R = r.rows_per_wg
@@ -646,18 +648,28 @@ def emit_chunk_prologue(r: DecodeRequest, emit) -> None:
         if r.min_chunk:
             minc = -(-r.min_chunk // r.tile) * r.tile
             emit(f"chunk = max(chunk, {minc}u);  // a short length runs on fewer splits")
-        emit("uint k0 = min(split * chunk, LK);")
-        emit("uint k1 = min(k0 + chunk, LK);")
         if r.fused_combine:
             # Splits past the length have nothing to read and nothing to add to the
             # combine (it folds the active ones only): they leave before any load. One
             # active split (a length of at most one chunk) writes the output itself.
             emit("uint nact = LK == 0u ? 1u : (LK + chunk - 1u) / chunk;  // splits with a key")
             emit("if (split >= nact) return;  // uniform over the workgroup")
+        if r.interleave:
+            # the active splits take the tiles in turn (DecodeRequest.interleave): split s
+            # reads tiles s, s + n, s + 2n ... of [0, LK), n the active splits
+            n = "nact" if r.fused_combine else f"{r.splits}u"
+            emit(f"uint KSTEP = {n} * {r.tile}u;  // keys from one of its tiles to the next")
+            emit(f"uint k0 = min(split * {r.tile}u, LK);")
+            emit("uint k1 = LK;")
+        else:
+            emit(f"uint KSTEP = {r.tile}u;")
+            emit("uint k0 = min(split * chunk, LK);")
+            emit("uint k1 = min(k0 + chunk, LK);")
     else:
+        emit(f"uint KSTEP = {r.tile}u;")
         emit("uint k0 = 0u;")
         emit("uint k1 = LK;")
-    emit(f"uint nit = (k1 - k0 + {r.tile - 1}u) / {r.tile}u;")
+    emit("uint nit = (k1 - k0 + KSTEP - 1u) / KSTEP;")
 
 
 def select_shared(bs: int, k: int) -> list[str]:

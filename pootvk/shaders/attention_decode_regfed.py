@@ -87,7 +87,6 @@ def generate_decode_regfed(r: DecodeRequest) -> str:
     check_request(r)
     WG = r.local_size
     NSG = WG // 32
-    TILE = r.tile
     R, DK, DV, GR = r.rows_per_wg, r.dk, r.dv, r.group_rows
     DKT, DT = DK // 16, DV // 16
     KW, VW = DK // 32, DV // 64  # 16-byte words a lane loads per key (K, V)
@@ -249,8 +248,8 @@ def generate_decode_regfed(r: DecodeRequest) -> str:
         emit("uint kb = k0 + sg * 16u;  // this subgroup's first block")
         load("a", "kb", 1, True)
         emit("for (uint it = 0u; it < nit; ++it) {")
-        emit(f"kb = k0 + it * {TILE}u + sg * 16u;", 2)
-        load("n", f"kb + {TILE}u", 2, True)
+        emit("kb = k0 + it * KSTEP + sg * 16u;", 2)
+        load("n", "kb + KSTEP", 2, True)
         body("a", 2)
         for hk in range(2):
             for w in range(KW):
@@ -261,7 +260,7 @@ def generate_decode_regfed(r: DecodeRequest) -> str:
         emit("}")
     else:
         emit("for (uint it = 0u; it < nit; ++it) {")
-        emit(f"uint kb = k0 + it * {TILE}u + sg * 16u;", 2)
+        emit("uint kb = k0 + it * KSTEP + sg * 16u;", 2)
         load("a", "kb", 2, True)
         body("a", 2)
         emit("}")

@@ -189,7 +189,7 @@ def generate_decode_staged(r: DecodeRequest) -> str:
     if r.prefetch:
         emit("uint t0 = k0;")
         for ws in range(DP):
-            load_words(f"k0 + {ws * TILE}u", 1, True, ws)
+            load_words(f"k0 + {ws}u * KSTEP", 1, True, ws)
 
     # --- the query: each row tile in turn scaled to f16 in sK (lo parts in rows 16..31), and
     # the subgroups of that tile load the chunks they use into registers
@@ -258,13 +258,13 @@ def generate_decode_staged(r: DecodeRequest) -> str:
         """Step ``it + ws``'s first key, its words (register set ``ws``) into workgroup
         memory and the words DP steps ahead into the same set, in flight meanwhile."""
         step = f"(it + {ws}u)" if ws else "it"
-        emit(f"{'' if r.prefetch else 'uint '}t0 = k0 + {step} * {TILE}u;  // this step's "
+        emit(f"{'' if r.prefetch else 'uint '}t0 = k0 + {step} * KSTEP;  // this step's "
              "first key", ind)
         if not r.prefetch:
             load_words("t0", ind, True)
         store_words(ind, ws)
         if r.prefetch:
-            load_words(f"t0 + {DP * TILE}u", ind, False, ws)
+            load_words(f"t0 + {DP}u * KSTEP", ind, False, ws)
 
     emit(f"for (uint it = 0u; it < nit; it += {DP}u) {{")
     tail_start = len(L)  # the rest of a step is the same whatever its register set

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from pootvk.errors import DtypeLowering, ShapeError
 from pootvk.plan.decode_schedule import (
+    INTERLEAVE_MIN_CHUNK,
     MIN_CHUNK,
     DecodeProblem,
     check_request,
@@ -199,13 +200,16 @@ def test_shapes(device, shape, subgroup):
          splits=2 if lk > 1 else 1)
 
 
+@pytest.mark.parametrize("interleave", [False, True])
 @pytest.mark.parametrize("splits", [1, 2, 7, 16])
 @pytest.mark.parametrize("kv", ["f32", "f16", "bf16"])
-def test_forced_splits_and_dtypes(device, splits, kv):
-    # Lk=113 with 16 splits: chunks of one tile, most of them empty, the last one partial
+def test_forced_splits_and_dtypes(device, splits, kv, interleave):
+    # Lk=113 with 16 splits: chunks of one tile, most of them empty, the last one partial;
+    # interleaved, the splits take the tiles in turn (one split's tiles 7 apart at 1000)
     req, _ = case(device, b=2, hq=8, hkv=2, lk=113 if splits != 7 else 1000, dk=64, dv=128,
-                  kv=kv, splits=splits, mask="alibi", seed=splits)
-    assert req.splits == splits
+                  kv=kv, splits=splits, mask="alibi", seed=splits,
+                  overrides={"interleave": interleave})
+    assert req.splits == splits and req.interleave == (interleave and splits > 1)
 
 
 @pytest.mark.parametrize("kv", ["f16", "bf16"])
@@ -333,12 +337,17 @@ def test_fp16_conversion_variant(device):
     assert req.f16_convert == "fp16"
 
 
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("interleave", [False, True])
 @pytest.mark.parametrize("splits", [1, 7])
-def test_live_length_from_a_buffer(device, splits):
+def test_live_length_from_a_buffer(device, splits, interleave, fused):
     """len[b] from an i32 [B] buffer: keys at or past it add nothing, a split wholly past it
-    writes the neutral partial (one recording, any length)."""
-    case(device, b=3, hq=8, hkv=2, lk=1000, dk=64, dv=64, splits=splits,
-         live=np.array([517, 1, 1000]), mask="alibi")
+    writes the neutral partial (one recording, any length); interleaved, the splits that
+    hold a key take the live length's tiles in turn."""
+    req, _ = case(device, b=3, hq=8, hkv=2, lk=1000, dk=64, dv=64, splits=splits,
+                  live=np.array([517, 1, 1000]), mask="alibi",
+                  overrides={"interleave": interleave, "fused_combine": fused})
+    assert req.interleave == (interleave and splits > 1)
 
 
 @pytest.mark.parametrize("splits", [1, 7])
@@ -364,13 +373,14 @@ def test_row_blocks(device):
     dk=st.sampled_from([40, 64, 72, 128]), dv=st.sampled_from([40, 64, 72, 128]),
     mask=st.sampled_from([None, "shared", "alibi"]), softcap=st.sampled_from([None, 8.0]),
     kv=st.sampled_from(["f32", "f16", "bf16"]), splits=st.sampled_from([1, 2, 7, 16]),
-    subgroup=st.booleans(), qwg=st.booleans(), seed=st.integers(0, 2**16),
+    subgroup=st.booleans(), qwg=st.booleans(), interleave=st.booleans(),
+    seed=st.integers(0, 2**16),
 )
 def test_sweep(device, b, n_rep, hkv, lq, lk, dk, dv, mask, softcap, kv, splits, subgroup,
-               qwg, seed):
+               qwg, interleave, seed):
     case(device, b=b, hq=hkv * n_rep, hkv=hkv, lq=lq, lk=lk, dk=dk, dv=dv, mask=mask,
          softcap=softcap, kv=kv, splits=splits, subgroup=subgroup, seed=seed,
-         overrides={"q_workgroup": True} if qwg else None)
+         overrides={"interleave": interleave, **({"q_workgroup": True} if qwg else {})})
 
 
 # --- pure checks: sources and the chooser ---------------------------------------------------
@@ -405,6 +415,40 @@ def test_no_private_arrays_and_every_source_compiles():
     assert not PRIVATE_ARRAY.search("shared float s_m[64];\n")
     for src in srcs[::7]:  # a sample through glslang (the rest compile in the device tests)
         assert len(compile_glsl(src)) > 100
+
+
+def test_interleave_rule():
+    """A GPU's split kernels take their tiles in turn from INTERLEAVE_MIN_CHUNK keys a split
+    (scalar and register-fed kernels alike); shorter splits, unsplit launches, the staged
+    matrix kernel and a CPU keep consecutive tiles; an override wins either way."""
+    h200 = recorded_profile("nvidia_h200")
+
+    def req(b, hq, hkv, lk, kv="f16", prof=h200, **ov):
+        p = DecodeProblem(b=b, hq=hq, hkv=hkv, lq=1, lk=lk, dk=128, dv=128, scale=0.1,
+                          kv_dtype=kv)
+        return choose_decode_schedule(p, prof, has_subgroup_shuffle=True, overrides=ov)
+
+    for kv in ("f16", "f32"):
+        r = req(1, 32, 8, 32768, kv)
+        assert r.splits == 16 and r.lk // r.splits == INTERLEAVE_MIN_CHUNK and r.interleave
+        assert "interleave" in r.describe()
+        assert req(1, 32, 32, 32768, kv).interleave  # 8 splits of 4096
+        assert not req(1, 32, 8, 4096, kv).interleave  # 16 splits of 256
+        assert not req(32, 32, 8, 2048, kv).interleave  # unsplit
+    assert req(1, 32, 8, 32768).matrix_feed == "registers"
+    assert not req(1, 8, 1, 65536).interleave  # 64 splits of 1024
+    assert not req(1, 32, 8, 32768, interleave=False).interleave
+    assert req(1, 32, 8, 4096, interleave=True).interleave
+    assert not req(32, 32, 8, 2048, interleave=True).interleave  # nothing to take in turn
+    staged = req(1, 32, 8, 65536, matrix=16, matrix_feed="staged")
+    assert staged.splits > 1 and not staged.interleave
+    forced = choose_decode_schedule(
+        DecodeProblem(b=1, hq=8, hkv=2, lq=1, lk=65536, dk=64, dv=64, scale=0.1,
+                      kv_dtype="f32"), recorded_profile("lavapipe"),
+        has_subgroup_shuffle=True, force_splits=4)
+    assert forced.splits == 4 and not forced.interleave  # a CPU: consecutive tiles
+    with pytest.raises(ShapeError, match="interleave"):
+        check_request(replace(req(32, 32, 8, 2048), interleave=True))
 
 
 def test_split_rule_on_the_h200_profile():
@@ -492,14 +536,16 @@ def test_subgroup_fold_of_lane_groups(device, lanes, splits):
     assert np.isnan(got[0, 1]).all() and not np.isnan(got[0, 0]).any()
 
 
+@pytest.mark.parametrize("interleave", [False, True])
 @pytest.mark.parametrize("kv", ["f32", "f16"])
-def test_min_chunk_runs_a_short_length_on_the_splits_it_needs(device, kv):
+def test_min_chunk_runs_a_short_length_on_the_splits_it_needs(device, kv, interleave):
     """A fused split with a minimum chunk: per batch row, a length of one chunk or less is
     one split writing the output itself, a longer one folds only the splits that hold keys
-    (those past it return at once); replayed twice, so the arrival counters reset."""
+    (those past it return at once; interleaved, those take its tiles in turn); replayed
+    twice, so the arrival counters reset."""
     lens = [1, 2, 127, 128, 129, 1000]
     req, _ = case(device, b=len(lens), hq=4, hkv=2, lk=1000, dk=64, dv=64, kv=kv, splits=7,
-                  live=lens, overrides={"min_chunk": 128}, seed=3)
+                  live=lens, overrides={"min_chunk": 128, "interleave": interleave}, seed=3)
     assert req.fused_combine and req.splits == 7 and req.min_chunk == 128
     assert "min_chunk=128" in req.describe()
 

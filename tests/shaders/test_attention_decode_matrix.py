@@ -93,7 +93,9 @@ def test_matrix_two_row_tiles_split_key(mdevice):
                                      {"fused_combine": False}, {"tile": 16}, {"tile": 32},
                                      {"prefetch_steps": 2}, {"prefetch_steps": 3, "tile": 16},
                                      {"score_accumulators": 2},
-                                     {"prefetch_steps": 4, "score_accumulators": 3}])
+                                     {"prefetch_steps": 4, "score_accumulators": 3},
+                                     {"interleave": True}, {"interleave": True, "tile": 16,
+                                                            "prefetch_steps": 3}])
 def test_matrix_variants(mdevice, variant):
     mcase(mdevice, b=1, hq=16, hkv=2, lk=512, dk=128, dv=128, splits=3, ov=variant)
 
@@ -120,8 +122,9 @@ def test_matrix_masks_and_softcap(mdevice, mask, softcap):
 def test_matrix_live_length_ignores_nan_past_it(mdevice, n, splits):
     """Keys at t >= len[b] hold NaN in K and V: nothing of them reaches the output; a length
     is clamped into [0, Lk] (0: the row sees no key, NaN as the reference)."""
-    req = nan_past_live_case(mdevice, n, splits, {"matrix": 16})
-    assert req.matrix == 16
+    for inter in (False, True):
+        req = nan_past_live_case(mdevice, n, splits, {"matrix": 16, "interleave": inter})
+        assert req.matrix == 16 and req.interleave == (inter and splits > 1)
 
 
 def nan_past_live_case(device, n, splits, overrides):

@@ -105,7 +105,8 @@ def test_regfed_shapes_and_splits(rdevice, shape, splits):
 @pytest.mark.parametrize("variant", [{}, {"prefetch": False}, {"q_split": False},
                                      {"local_size": 32}, {"local_size": 64},
                                      {"local_size": 256}, {"fused_combine": False},
-                                     {"rows_per_wg": 2}])
+                                     {"rows_per_wg": 2}, {"interleave": True},
+                                     {"interleave": True, "fused_combine": False}])
 def test_regfed_variants(rdevice, variant):
     rcase(rdevice, b=1, hq=16, hkv=2, lk=700, dk=128, dv=128, splits=3, ov=variant)
 
@@ -125,8 +126,9 @@ def test_regfed_live_length_ignores_nan_past_it(rdevice, n, splits):
     scores are -inf, and reads past the chunk clamp to its last key, so no NaN V row meets
     a zero weight in the product); a length is clamped into [0, Lk] (0: the row sees no
     key, NaN as the reference)."""
-    req = nan_past_live_case(rdevice, n, splits, REG)
-    assert req.matrix_feed == "registers"
+    for inter in (False, True):
+        req = nan_past_live_case(rdevice, n, splits, {**REG, "interleave": inter})
+        assert req.matrix_feed == "registers" and req.interleave == (inter and splits > 1)
 
 
 @settings(max_examples=examples(6), deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -135,12 +137,15 @@ def test_regfed_live_length_ignores_nan_past_it(rdevice, n, splits):
     lq=st.sampled_from([1, 3]), lk=st.sampled_from([1, 113, 128, 129, 1000, 4096]),
     dk=st.sampled_from([64, 128]), dv=st.sampled_from([64, 128]),
     mask=st.sampled_from([None, "shared", "alibi"]), softcap=st.sampled_from([None, 8.0]),
-    splits=st.sampled_from([1, 2, 7, 16]), seed=st.integers(0, 2**16),
+    splits=st.sampled_from([1, 2, 7, 16]), interleave=st.booleans(),
+    seed=st.integers(0, 2**16),
 )
-def test_regfed_sweep(rdevice, b, n_rep, hkv, lq, lk, dk, dv, mask, softcap, splits, seed):
-    """Issue 7's sweep over what the kernel serves (f16, Dk/Dv its multiples of 32/64)."""
+def test_regfed_sweep(rdevice, b, n_rep, hkv, lq, lk, dk, dv, mask, softcap, splits,
+                      interleave, seed):
+    """Issue 7's sweep over what the kernel serves (f16, Dk/Dv its multiples of 32/64),
+    each split's tiles consecutive or in turn."""
     rcase(rdevice, b=b, hq=hkv * n_rep, hkv=hkv, lq=lq, lk=lk, dk=dk, dv=dv, mask=mask,
-          softcap=softcap, splits=splits, seed=seed)
+          softcap=softcap, splits=splits, seed=seed, ov={"interleave": interleave})
 
 
 # --- sources and planner rules (everywhere) ------------------------------------------------

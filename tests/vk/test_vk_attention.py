@@ -29,6 +29,10 @@ SCHEDULES = {
     "split7": {"schedule": "grouped", "splits": 7},
     "split16": {"schedule": "grouped", "splits": 16},
     "split7_two_launches": {"schedule": "grouped", "splits": 7, "fused_combine": False},
+    # the splits take the tiles in turn (DecodeRequest.interleave), fused and not
+    "split7_interleaved": {"schedule": "grouped", "splits": 7, "interleave": True},
+    "split7_two_launches_interleaved": {"schedule": "grouped", "splits": 7,
+                                        "fused_combine": False, "interleave": True},
     "shared_reduce": {"schedule": "grouped", "subgroup": False},
     # the short-16-bit variant the H200 picks: dots reduce-scattered across a key's lanes,
     # accumulators rescaled only when a row's running max moves

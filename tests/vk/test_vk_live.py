@@ -173,7 +173,7 @@ def test_decode_loop_live_by_default_and_capacity_on_request(device):
         assert_close(outs[False][i], ref)
 
 
-@pytest.mark.parametrize("schedule", ["streaming", "grouped", "split7"])
+@pytest.mark.parametrize("schedule", ["streaming", "grouped", "split7", "split7_interleaved"])
 def test_live_with_an_additive_mask_and_several_query_rows(device, schedule):
     """The live bound is orthogonal to an additive (ALiBi) mask, and bounds every query row
     of a batch row alike (Lq = 3)."""
@@ -196,7 +196,7 @@ def test_live_with_an_additive_mask_and_several_query_rows(device, schedule):
     assert_close(got, ref)
 
 
-@pytest.mark.parametrize("schedule", ["streaming", "split7"])
+@pytest.mark.parametrize("schedule", ["streaming", "split7", "split7_interleaved"])
 def test_a_fused_live_eqn_clamps_any_length(device, schedule):
     """An Attention eqn built by hand over an unguarded length: the kernels clamp it into
     0..=Lk and agree with the fused oracle rule (nothing read outside the buffers)."""

@@ -119,6 +119,9 @@ DECODE = [
     # MQA, dots reduced through workgroup memory (no subgroup operations)
     ("mqa_shared_reduce", dict(qpos=[[900], [64]], hq=4, hkv=1, hs=1, bs=64, top=4, seed=3),
      {**GROUP, "splits": 2, "subgroup": False}, 2),
+    # the splits take the logical length's tiles in turn
+    ("gqa_hs2_bs16_k8_interleaved", dict(qpos=[[1023], [300]], top=8, seed=6),
+     {**GROUP, "splits": 5, "interleave": True}, 5),
     # without the software prefetch (the loads through the table in the loop)
     ("no_prefetch_split1", dict(qpos=[[515], [77]], top=4, seed=4, scale=0.3),
      {**GROUP, "splits": 1, "prefetch": False}, 1),
