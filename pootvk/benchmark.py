@@ -350,7 +350,11 @@ class Row:
     dtype: str
     kv_bytes: int
     fits_l2: bool
-    us: float | None = None  # attention time (median)
+    us: float | None = None  # attention time (median); pootvk: its output in device memory
+    #: pootvk: the attention time of the public plan as it is, its output an export in host
+    #: memory (the kernels write it over PCIe)
+    export_us: float | None = None
+    device_nse: float | None = None  # pootvk: the device-memory output's check
     gbps: float | None = None
     ceiling_frac: float | None = None
     wall_us: float | None = None  # pootvk: one submit+wait of the plan's kernels
@@ -409,11 +413,35 @@ def _schedule_of(request: Any) -> tuple[str, int | None]:
     return text.split()[0] if text else type(request).__name__, splits
 
 
+def _device_output(device: Device, replay: Any, dispatches: list[Dispatch]
+                   ) -> tuple[list[Dispatch], list[Any]]:
+    """``dispatches`` with every binding of a buffer the host reads (the plan's exports, in
+    host memory) moved to a device-memory buffer of the same size, and those buffers (the
+    caller destroys them). torch's timed output stays on the device; this is pootvk's."""
+    from dataclasses import replace as dc_replace
+
+    host = {id(replay.buffers[s.name]) for s in replay.plan.buffers.values()
+            if s.role.host_reads}
+    made: dict[int, Any] = {}
+
+    def moved(br: BufferRange) -> BufferRange:
+        if id(br.buffer) not in host:
+            return br
+        if id(br.buffer) not in made:
+            made[id(br.buffer)] = device.create_buffer(br.buffer.size,
+                                                       name=f"{br.buffer.name}:device")
+        return BufferRange(made[id(br.buffer)], br.offset, br.nbytes)
+
+    return ([dc_replace(d, bindings=tuple(moved(b) for b in d.bindings)) for d in dispatches],
+            list(made.values()))
+
+
 def bench_pootvk(device: Device, shape: Shape, dtype: str, ceiling: ReadCeiling, *,
                  warm_s: float, reps: int, clock: SmClock, calls: int = 10, out=None) -> Row:
     """``pootvk.attention`` once (checked against float64), then its plan's kernels replayed:
     the attention time per launch of ``calls`` launches recorded back to back (as torch is
-    timed), the wall time of one."""
+    timed) with the output in device memory as torch's is (checked too), the same with the
+    output the public plan's export in host memory, and the wall time of one."""
     import pootvk
 
     from .plan import AttentionRequest, DecodeCombineRequest, DecodeRequest
@@ -450,32 +478,56 @@ def bench_pootvk(device: Device, shape: Shape, dtype: str, ceiling: ReadCeiling,
     # copies back to back (each behind the barrier its hazards need, as in a step), per
     # copy, the way torch's CUDA graph of ``calls`` calls is timed; one copy for the wall.
     disp = list(rp.recording.dispatches)
+    ddisp, dbufs = _device_output(device, rp, disp)
     rec = Recorder(device).record(disp, timestamps=True)
     recn = Recorder(device).record(disp * calls, timestamps=True) if calls > 1 else rec
+    recd = Recorder(device).record(ddisp * calls, timestamps=True)
+
+    def attention_ns(r: Recorder) -> float | None:
+        times = r.dispatch_times_ns()
+        if times is None:
+            return None
+        per = per_launch_ns(times, len(disp), calls)
+        return sum(per[i] for i in attn_idx)
+
     try:
+        if dbufs:  # the device-memory output, checked like the public call's
+            recd.submit(wait=True)
+            g_out = next(iter(rp.plan.graph.exports.values()))
+            loc = rp.plan.outputs[next(iter(rp.plan.graph.exports))]
+            src = rp.buffers[loc.buffer]
+            dev_buf = next(b for b in dbufs if b.name == f"{src.name}:device")
+            got_dev = dev_buf.read_array(loc.offset, g_out.shape, np.float32)
+            row.device_nse = nse(got_dev, reference(q, k, v))
+            row.check_ok = bool(row.check_ok and row.device_nse <= TOL)
+        attn, export, gpu, wall = [], [], [], []
         warm_for(lambda: recn.submit(wait=True), warm_s)
         row.sm_mhz = clock.check(f"pootvk {shape_text(shape)} {dtype}", out)
-        attn, gpu, wall = [], [], []
-        for _ in range(reps):
+        for _ in range(reps):  # the two outputs alternated, submit by submit
             recn.submit(wait=True)
-            times = recn.dispatch_times_ns()
-            if times is None:
+            ns = attention_ns(recn)
+            if ns is None:
                 row.note = "n/a (the device has no timestamps)"
                 return row
-            per = per_launch_ns(times, len(disp), calls)
-            attn.append(sum(per[i] for i in attn_idx))
+            export.append(ns)
             gpu.append(recn.gpu_time_ns() / calls)
+            recd.submit(wait=True)
+            attn.append(attention_ns(recd))
         for _ in range(reps):
             t0 = time.perf_counter()
             rec.submit(wait=True)
             wall.append(time.perf_counter() - t0)
         row.reps = reps
     finally:
+        recd.destroy()
         if recn is not rec:
             recn.destroy()
         rec.destroy()
+        for b in dbufs:
+            b.destroy()
         rp.close()  # frees its K/V now; the cache rebuilds a closed entry if asked again
     _fill(row, statistics.median(attn) / 1e3, ceiling)
+    row.export_us = statistics.median(export) / 1e3
     row.gpu_us = statistics.median(gpu) / 1e3
     row.wall_us = statistics.median(wall) * 1e6
     return row
@@ -875,21 +927,29 @@ def run(device: Device, shapes: list[Shape] | None = None, dtypes: list[str] | N
     for (s, dt), r in pv.items():
         mb = f"{r.kv_bytes / 1e6:.1f}"
         l2 = "yes" if r.fits_l2 else "no"
-        chk = "n/a" if r.nse is None else f"{r.nse:.1e} {'OK' if r.check_ok else 'FAILED'}"
+        chk = "n/a" if r.nse is None else (
+            f"{r.nse:.1e}{'' if r.device_nse is None else f' / {r.device_nse:.1e}'} "
+            f"{'OK' if r.check_ok else 'FAILED'}")
         if not r.done():
-            rows.append([shape_text(s), dt, mb, l2, r.note or "n/a", "", "", "", "", "", "", chk,
-                         ""])
+            rows.append([shape_text(s), dt, mb, l2, r.note or "n/a", "", "", "", "", "", "",
+                         "", "", chk, ""])
             continue
-        rows.append([shape_text(s), dt, mb, l2, _pct(r.ceiling_frac), _num(r.gbps),
-                     _num(r.us), _ratio(r.wall_us, r.us), _num(r.wall_us),
+        rows.append([shape_text(s), dt, mb, l2, _pct(r.ceiling_frac), _num(r.us),
+                     _ratio(r.export_us, r.us), _num(r.export_us),
+                     _ratio(r.wall_us, r.export_us), _num(r.wall_us), _num(r.gbps),
                      r.schedule or "?", str(r.splits if r.splits is not None else "?"), chk,
                      _num(r.sm_mhz, "d")])
-    _table(out, ["B,Hq,Hkv,Lk,D", "K/V", "K+V MB", "L2", "of ceiling", "GB/s", "attn us",
-                 "wall / attn", "step wall us", "schedule", "splits", "check (nse)",
-                 "SM MHz"], rows)
-    print("step wall: one submit + fence wait of the plan's recorded kernels from Python, "
-          "K/V resident (the public call's per-call K/V upload is not in it); wall / attn: "
-          "step wall over the attention kernels' GPU time", file=out)
+    _table(out, ["B,Hq,Hkv,Lk,D", "K/V", "K+V MB", "L2", "of ceiling", "attn us",
+                 "export / attn", "export us", "wall / export", "step wall us", "GB/s",
+                 "schedule", "splits", "check (nse)", "SM MHz"], rows)
+    print("attn us: the attention kernels' GPU time with the output in device memory, as "
+          "torch's (of ceiling and GB/s from it); export us: the public plan as it is, the "
+          "output an export in host memory written by the kernels over the bus (timed "
+          "alternately with the first); step wall: one submit + fence wait of the plan's "
+          "recorded kernels from Python, K/V resident (the public call's per-call K/V "
+          "upload is not in it); wall / export: step wall over the public plan's attention "
+          "GPU time; check: the public call's output / the device-memory output's, against "
+          "float64", file=out)
     print(file=out)
 
     if ho is not None:
