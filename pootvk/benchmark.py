@@ -5,8 +5,10 @@ Everything is measured in one run on one device (issue 7 items 5 and 7):
 - the streaming-read ceiling (:func:`read_ceiling`: a plain read kernel over random words);
 - pootvk: for each shape and K/V dtype, ``pootvk.attention`` (the public path) runs once and
   its output is checked against a float64 numpy reference; the plan it made is then replayed
-  (its recorded kernels, K/V resident on the device) with timestamps: attention GPU time,
-  K/V GB/s, fraction of the ceiling, the wall time of one submit+wait, and the schedule and
+  (its recorded kernels, K/V resident on the device) with timestamps: attention GPU time
+  with the output in device memory as torch's (that copy's output checked too), K/V GB/s
+  and fraction of the ceiling from it, the same time with the output the plan's export in
+  host memory (``export us``), the wall time of one submit+wait, and the schedule and
   split count the planner chose. A dtype the public path refuses is reported ``n/a``;
 - host overhead of a replayed decode step (``Replay.step`` of a traced decode step, K/V in
   state) against the bare submit+wait of an empty recorded command buffer, with a profile;
