@@ -614,12 +614,12 @@ def mask_row(r: DecodeRequest, name: str, row: str) -> str:
 def emit_chunk_prologue(r: DecodeRequest, emit) -> None:
     """This workgroup's place (split, row block, batch row b, KV head g) and its keys: the
     live length LK (row b's ``len`` clamped into [0, Lk] when live; a selected row's
-    logical length from its block table, ``select_table``), the split's chunk
-    [k0, k1) in whole tiles, ``KSTEP`` (keys from one of its tiles to the next: the tile, or
-    with ``interleave`` the active splits' tiles) and its step count ``nit``; with the
-    fused combine ``nact``
-    (splits holding a key) and the early exit of the splits past it. Shared by the scalar
-    and the matrix kernels."""
+    logical length from its block table, ``select_table``), the split's keys: its first
+    tile ``k0``, the end ``k1`` its clamps and validity tests use (its chunk's, or LK with
+    ``interleave``), ``KSTEP`` (keys from one of its tiles to the next: the tile, or with
+    ``interleave`` the active splits' tiles) and its step count ``nit``; with the fused
+    combine ``nact`` (splits holding a key) and the early exit of the splits past it.
+    Shared by the scalar and the matrix kernels."""
     R = r.rows_per_wg
     emit("uint LK_CAP = pc.lk;  // one kernel serves every length")
     emit(f"uint wg = {group_id(r.grid[0])};")
