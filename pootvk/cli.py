@@ -166,6 +166,7 @@ def kernel_summary(req: object) -> str:
                 + "; ".join(kernel_summary(p) for p in req.parts))
     if isinstance(req, DecodeRequest) and req.matrix:
         extra = ", fused combine" if req.splits > 1 and req.fused_combine else ""
+        extra += ", tiles in turn" if req.interleave else ""
         feed = "register-fed" if req.matrix_feed == "registers" else "staged"
         return (f"tensor-core split-KV ({feed} cooperative matrices "
                 f"{req.matrix}x{req.matrix}x{req.matrix}): {req.workgroups} workgroups x "
@@ -180,6 +181,7 @@ def kernel_summary(req: object) -> str:
                 f"{'subgroup' if req.subgroup else 'shared-memory'} scans)")
     if isinstance(req, DecodeRequest):
         extra = ", fused combine" if req.splits > 1 and req.fused_combine else ""
+        extra += ", tiles in turn" if req.interleave else ""
         if req.select_block:
             extra += (f", selected blocks of {req.select_block} (top {req.select_k} + own, "
                       f"{(req.select_k + 1) * req.select_block} keys a row)")

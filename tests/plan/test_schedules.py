@@ -150,6 +150,12 @@ def test_pootvk_plan_prints_the_choices(capsys):
     # one KV head: 64 splits x 2 row blocks of 4 rows (64 workgroups would idle half the SMs)
     assert "grouped split-KV: 128 workgroups x 256 lanes" in out and "4 rows each" in out
     assert "scratch: 266240 B in the arena" in out
+    assert "tiles in turn" not in out  # 1024 keys a split: consecutive tiles
+    # 2048 keys a split on a GPU: the splits take the tiles in turn, both kernels
+    for kv in ("float16", "float32"):
+        assert main(["plan", "--profile", "nvidia_h200", "--shape", "1,32,8,32768,128",
+                     "--kv-dtype", kv]) == 0
+        assert "splits=16, fused combine, tiles in turn" in capsys.readouterr().out
     assert main(["plan", "--profile", "lavapipe", "--shape", "1,4,2,100,64",
                  "--kv-dtype", "bfloat16", "--lq", "2"]) == 0
     out = capsys.readouterr().out
