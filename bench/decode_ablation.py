@@ -46,12 +46,14 @@ from pootvk.benchmark import SmClock  # noqa: E402
 from pootvk.plan.decode_schedule import choose_decode_schedule  # noqa: E402
 from pootvk.vk import Device  # noqa: E402
 
-LOOP = "    for (uint it = 0u; it < nit; ++it) {"
+#: the key loop's first line: the workgroup's step count, or (the register-fed kernel with
+#: tiles in turn) each subgroup's walk over its blocks
+LOOPS = ("    for (uint it = 0u; it < nit; ++it) {", "    while (tb < NB) {")
 CUT = "    if (nit < 1000000u) return;"
 
 
 def _loop_end(lines: list[str]) -> int:
-    start = next(i for i, ln in enumerate(lines) if ln.startswith(LOOP))
+    start = next(i for i, ln in enumerate(lines) if ln.startswith(LOOPS))
     return next(j for j in range(start + 1, len(lines)) if lines[j] == "    }")
 
 

@@ -40,7 +40,8 @@ from pootvk.vk import BufferRange, Device  # noqa: E402
 #: mark's test after the previous mark gets a clock read before it (the key loop's end is
 #: read after its closing brace). Marks a kernel lacks are read at main's end.
 MARKS = [
-    ("loop", lambda s, d: s.startswith("for (uint it = 0u; it < nit; ++it) {")),
+    ("loop", lambda s, d: s.startswith(("for (uint it = 0u; it < nit; ++it) {",
+                                        "while (tb < NB) {"))),
     ("loop end", None),
     ("fold barrier", lambda s, d: d == 1 and s.startswith("barrier();")),
     ("row maxima", lambda s, d: s.startswith("uint fb = max")),
