@@ -35,7 +35,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -420,8 +420,6 @@ def _device_output(device: Device, replay: Any, dispatches: list[Dispatch]
     """``dispatches`` with every binding of a buffer the host reads (the plan's exports, in
     host memory) moved to a device-memory buffer of the same size, and those buffers (the
     caller destroys them). torch's timed output stays on the device; this is pootvk's."""
-    from dataclasses import replace as dc_replace
-
     host = {id(replay.buffers[s.name]) for s in replay.plan.buffers.values()
             if s.role.host_reads}
     made: dict[int, Any] = {}
@@ -434,7 +432,7 @@ def _device_output(device: Device, replay: Any, dispatches: list[Dispatch]
                                                        name=f"{br.buffer.name}:device")
         return BufferRange(made[id(br.buffer)], br.offset, br.nbytes)
 
-    return ([dc_replace(d, bindings=tuple(moved(b) for b in d.bindings)) for d in dispatches],
+    return ([replace(d, bindings=tuple(moved(b) for b in d.bindings)) for d in dispatches],
             list(made.values()))
 
 
