@@ -416,10 +416,11 @@ def _schedule_of(request: Any) -> tuple[str, int | None]:
 
 
 def _device_output(device: Device, replay: Any, dispatches: list[Dispatch]
-                   ) -> tuple[list[Dispatch], list[Any]]:
+                   ) -> tuple[list[Dispatch], dict[int, Any]]:
     """``dispatches`` with every binding of a buffer the host reads (the plan's exports, in
-    host memory) moved to a device-memory buffer of the same size, and those buffers (the
-    caller destroys them). torch's timed output stays on the device; this is pootvk's."""
+    host memory) moved to a device-memory buffer of the same size, and those buffers by
+    the ``id`` of the buffer each stands in for (the caller destroys them). torch's timed
+    output stays on the device; this is pootvk's."""
     host = {id(replay.buffers[s.name]) for s in replay.plan.buffers.values()
             if s.role.host_reads}
     made: dict[int, Any] = {}
@@ -432,8 +433,7 @@ def _device_output(device: Device, replay: Any, dispatches: list[Dispatch]
                                                        name=f"{br.buffer.name}:device")
         return BufferRange(made[id(br.buffer)], br.offset, br.nbytes)
 
-    return ([replace(d, bindings=tuple(moved(b) for b in d.bindings)) for d in dispatches],
-            list(made.values()))
+    return [replace(d, bindings=tuple(moved(b) for b in d.bindings)) for d in dispatches], made
 
 
 def bench_pootvk(device: Device, shape: Shape, dtype: str, ceiling: ReadCeiling, *,
@@ -453,7 +453,8 @@ def bench_pootvk(device: Device, shape: Shape, dtype: str, ceiling: ReadCeiling,
     except PootvkError as e:
         row.note = f"n/a (refused: {type(e).__name__}: {e})".splitlines()[0]
         return row
-    row.nse = nse(got, reference(q, k, v))
+    ref = reference(q, k, v)
+    row.nse = nse(got, ref)
     row.check_ok = row.nse <= TOL
     rp = _public_replay(device)
     if rp is None:
@@ -493,12 +494,11 @@ def bench_pootvk(device: Device, shape: Shape, dtype: str, ceiling: ReadCeiling,
     try:
         if dbufs:  # the device-memory output, checked like the public call's
             recd.submit(wait=True)
-            g_out = next(iter(rp.plan.graph.exports.values()))
-            loc = rp.plan.outputs[next(iter(rp.plan.graph.exports))]
-            src = rp.buffers[loc.buffer]
-            dev_buf = next(b for b in dbufs if b.name == f"{src.name}:device")
-            got_dev = dev_buf.read_array(loc.offset, g_out.shape, np.float32)
-            row.device_nse = nse(got_dev, reference(q, k, v))
+            name, g_out = next(iter(rp.plan.graph.exports.items()))
+            loc = rp.plan.outputs[name]
+            got_dev = dbufs[id(rp.buffers[loc.buffer])].read_array(loc.offset, g_out.shape,
+                                                                   np.float32)
+            row.device_nse = nse(got_dev, ref)
             row.check_ok = bool(row.check_ok and row.device_nse <= TOL)
         attn, export, gpu, wall = [], [], [], []
         warm_for(lambda: recn.submit(wait=True), warm_s)
@@ -523,7 +523,7 @@ def bench_pootvk(device: Device, shape: Shape, dtype: str, ceiling: ReadCeiling,
         if recn is not rec:
             recn.destroy()
         rec.destroy()
-        for b in dbufs:
+        for b in dbufs.values():
             b.destroy()
         rp.close()  # frees its K/V now; the cache rebuilds a closed entry if asked again
     _fill(row, statistics.median(attn) / 1e3, ceiling)
