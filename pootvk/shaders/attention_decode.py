@@ -643,8 +643,9 @@ def emit_chunk_prologue(r: DecodeRequest, emit) -> None:
     else:
         emit("uint LK = LK_CAP;")
     if r.splits > 1:
-        emit(f"uint per = (LK + {r.splits - 1}u) / {r.splits}u;")
-        emit(f"uint chunk = (per + {r.tile - 1}u) / {r.tile}u * {r.tile}u;")
+        if r.fused_combine or not r.interleave:  # the chunk: nact's unit, or the keys
+            emit(f"uint per = (LK + {r.splits - 1}u) / {r.splits}u;")
+            emit(f"uint chunk = (per + {r.tile - 1}u) / {r.tile}u * {r.tile}u;")
         if r.min_chunk:
             minc = -(-r.min_chunk // r.tile) * r.tile
             emit(f"chunk = max(chunk, {minc}u);  // a short length runs on fewer splits")

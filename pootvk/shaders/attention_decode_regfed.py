@@ -190,7 +190,7 @@ def generate_decode_regfed(r: DecodeRequest) -> str:
     def body(ws: str, ind: int) -> None:
         """One step on the block at ``kb`` whose words are register set ``ws``."""
         for e, off in enumerate(KOFF):
-            emit(f"bool ok{e} = kb + 2u * lc + {off}u < k1;  // score e's key in the chunk", ind)
+            emit(f"bool ok{e} = kb + 2u * lc + {off}u < k1;  // a key of the split", ind)
         # 1. scores
         emit(f"{ACC} sc = {ACC}(0.0);", ind)
         for j in range(DKT):
