@@ -14,10 +14,11 @@ from pootvk.ir import Graph, SlotKind
 TOL = 5e-4
 
 
-def nse(got: np.ndarray, ref: np.ndarray) -> float:
-    """Normalised squared error sum (a-b)^2 / sum a^2 (DESIGN.md's tolerance measure)."""
+def nse(got: np.ndarray, ref: np.ndarray, floor: float = 1e-30) -> float:
+    """Normalised squared error sum (a-b)^2 / sum a^2 (DESIGN.md's tolerance measure), the
+    denominator at least ``floor``."""
     d = got.astype(np.float64) - ref
-    return float((d**2).sum() / max((ref.astype(np.float64) ** 2).sum(), 1e-30))
+    return float((d**2).sum() / max((ref.astype(np.float64) ** 2).sum(), floor))
 
 
 def assert_close(got: np.ndarray, ref: np.ndarray, tol: float = TOL,
@@ -32,9 +33,7 @@ def assert_close(got: np.ndarray, ref: np.ndarray, tol: float = TOL,
     nan = np.isnan(ref)
     np.testing.assert_array_equal(np.isnan(got), nan, err_msg="NaN positions differ")
     g, r = got[~nan], ref[~nan]
-    e = nse(g, r) if not scale else float(
-        ((g.astype(np.float64) - r) ** 2).sum()
-        / max((r.astype(np.float64) ** 2).sum(), r.size * scale**2, 1e-30))
+    e = nse(g, r, max(r.size * scale**2, 1e-30))
     assert e <= tol, (
         f"normalised squared error {e:.2e} > {tol:.0e} "
         f"(max abs {np.abs(g - r).max(initial=0.0):.2e})"
