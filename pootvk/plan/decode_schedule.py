@@ -743,12 +743,33 @@ def choose_decode_schedule(
     """
     ov = dict(overrides or {})
     inter = ov.pop("interleave", None)
+    lazy_named = "lazy_rescale" in ov
     r = _choose_schedule(p, profile, has_subgroup_shuffle, force_splits, max_splits, ov)
     want = interleave_planned(r, profile) if inter is None else bool(inter)
     if r.interleave != (want and r.splits > 1):
         r = replace(r, interleave=want and r.splits > 1)
         check_request(r)
+    if not lazy_named and not r.lazy_rescale and lazy_planned(r, profile):
+        r = replace(r, lazy_rescale=True)
+        check_request(r)
     return r
+
+
+def lazy_planned(r: DecodeRequest, profile: DeviceProfile) -> bool:
+    """Whether the scalar kernel ``r`` with F32 K/V rescales a row's accumulators only when
+    its running max moves (``lazy_rescale``; the short 16-bit rule sets it on its own): on
+    a GPU whose compute units each hold at most one of the launch's workgroups. The skipped
+    multiplies save issue slots and power, but the branch costs registers: H200 (NVIDIA's
+    statistics), (8,32,8,8192) F32 168 -> 211 registers a lane, 3 -> 2 of its 128-lane
+    workgroups a compute unit, so its 384 no longer run in one wave. H200, one call each,
+    alternated, eager -> lazy: (1,32,8,32768) 70.58 / 70.65 -> 69.93 us (another call
+    72.43 / 71.86 -> 70.93 at 1875 MHz), (1,32,8,131072) 249.9 / 244.8 -> 242.8 (1905 MHz),
+    (1,8,1,65536) 39.00 / 39.01 -> 38.04 / 38.09, (1,32,8,4096) 14.83 -> 14.84; with more
+    workgroups than compute units: (8,32,8,8192) 127.1 -> 142.1, (32,32,8,2048) 125.1 ->
+    124.7, (1,32,32,32768) 236.9 -> 237.2. 16-bit K/V in the same kernel lose:
+    (1,32,8,32768) bf16 46.17 -> 48.18, f16 45.45 -> 47.51."""
+    return (r.kv_dtype == "f32" and not r.matrix and profile.device_type != "cpu"
+            and bool(profile.compute_units) and r.grid[0] * r.grid[1] <= profile.compute_units)
 
 
 #: Fewest keys a split (Lk / splits) for which a GPU's split kernel takes its tiles in turn.

@@ -22,6 +22,7 @@ from pootvk.plan.decode_schedule import (
     choose_decode_schedule,
     chunk_for,
     default_splits,
+    lazy_planned,
 )
 from pootvk.plan.profile import recorded_profile, recorded_profiles
 from pootvk.shaders.attention_decode import combine_in_one_round, generate_decode
@@ -449,6 +450,33 @@ def test_interleave_rule():
     assert forced.splits == 4 and not forced.interleave  # a CPU: consecutive tiles
     with pytest.raises(ShapeError, match="interleave"):
         check_request(replace(req(32, 32, 8, 2048), interleave=True))
+
+
+def test_lazy_rescale_rule():
+    """A GPU's scalar kernel with F32 K/V rescales lazily where the launch has at most one
+    workgroup a compute unit; more workgroups (the register cost would cut them a compute
+    unit), 16-bit K/V past the short rule, the matrix kernels and a CPU stay eager; an
+    override wins either way."""
+    h200 = recorded_profile("nvidia_h200")
+
+    def req(b, hq, hkv, lk, kv="f32", prof=h200, **ov):
+        p = DecodeProblem(b=b, hq=hq, hkv=hkv, lq=1, lk=lk, dk=128, dv=128, scale=0.1,
+                          kv_dtype=kv)
+        return choose_decode_schedule(p, prof, has_subgroup_shuffle=True, overrides=ov)
+
+    for shape in ((1, 32, 8, 32768), (1, 32, 8, 131072), (1, 8, 1, 65536), (1, 32, 8, 4096)):
+        r = req(*shape)
+        assert r.grid[0] * r.grid[1] <= h200.compute_units
+        assert r.lazy_rescale and lazy_planned(r, h200) and " lazy" in r.describe()
+    for shape in ((8, 32, 8, 8192), (32, 32, 8, 2048), (1, 32, 32, 32768)):
+        r = req(*shape)
+        assert r.grid[0] * r.grid[1] > h200.compute_units and not r.lazy_rescale
+    assert not req(1, 32, 8, 32768, "f16", matrix=0).lazy_rescale  # long 16-bit: eager
+    assert not req(1, 32, 8, 32768, "bf16").lazy_rescale
+    assert not req(1, 32, 8, 32768, lazy_rescale=False).lazy_rescale
+    assert req(8, 32, 8, 8192, lazy_rescale=True).lazy_rescale
+    cpu = req(1, 32, 8, 32768, prof=recorded_profile("lavapipe"))
+    assert cpu.grid[0] * cpu.grid[1] <= 132 and not cpu.lazy_rescale
 
 
 def test_split_rule_on_the_h200_profile():

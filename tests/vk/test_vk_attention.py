@@ -33,6 +33,9 @@ SCHEDULES = {
     "split7_interleaved": {"schedule": "grouped", "splits": 7, "interleave": True},
     "split7_two_launches_interleaved": {"schedule": "grouped", "splits": 7,
                                         "fused_combine": False, "interleave": True},
+    # the F32 variant a GPU picks at one workgroup a compute unit: tiles in turn, lazy
+    "split7_interleaved_lazy": {"schedule": "grouped", "splits": 7, "interleave": True,
+                                "lazy_rescale": True},
     "shared_reduce": {"schedule": "grouped", "subgroup": False},
     # the short-16-bit variant the H200 picks: dots reduce-scattered across a key's lanes,
     # accumulators rescaled only when a row's running max moves
