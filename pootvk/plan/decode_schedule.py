@@ -768,8 +768,7 @@ def lazy_planned(r: DecodeRequest, profile: DeviceProfile) -> bool:
     workgroups than compute units: (8,32,8,8192) 127.1 -> 142.1, (32,32,8,2048) 125.1 ->
     124.7, (1,32,32,32768) 236.9 -> 237.2. 16-bit K/V in the same kernel lose:
     (1,32,8,32768) bf16 46.17 -> 48.18, f16 45.45 -> 47.51. Measured on the H200 only;
-    the other GPU profiles take the same rule (their register files are as large or
-    larger a lane), unmeasured."""
+    the other GPU profiles take the same rule, unmeasured there."""
     return (r.kv_dtype == "f32" and not r.matrix and profile.device_type != "cpu"
             and bool(profile.compute_units) and r.grid[0] * r.grid[1] <= profile.compute_units)
 
