@@ -143,7 +143,8 @@ class Buffer(Owned):
 
     @property
     def mapped(self) -> bool:
-        """True when reads and writes are direct memcpys into mapped memory."""
+        """True when the memory is mapped: writes are direct memcpys into it, and so are
+        reads of cached memory or of at most UNCACHED_READ_MAX bytes (``read``)."""
         return self._mapped is not None
 
     def __repr__(self) -> str:
