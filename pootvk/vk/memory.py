@@ -115,7 +115,6 @@ class Buffer(Owned):
                 f"buffer {name!r} of {self.size} bytes exceeds maxMemoryAllocationSize {limit}"
             )
         self._mapped: np.ndarray | None = None
-        self._cached = False  # mapped memory the CPU reads through its caches
         super().__init__(device)
 
     def _create(self, dev: Any) -> None:
@@ -137,14 +136,14 @@ class Buffer(Owned):
         ):
             raw = call(vk.vkMapMemory, dev, self.memory, 0, self.size, 0)
             self._mapped = np.frombuffer(raw, dtype=np.uint8, count=self.size)
-            self._cached = bool(device.memory_types.flags[mtype] & HOST_CACHED)
 
     # --- state ---------------------------------------------------------------------------
 
     @property
     def mapped(self) -> bool:
         """True when the memory is mapped: writes are direct memcpys into it, and so are
-        reads of cached memory or of at most UNCACHED_READ_MAX bytes (``read``)."""
+        reads of host memory, of cached device memory, or of at most UNCACHED_READ_MAX
+        bytes (``read``)."""
         return self._mapped is not None
 
     def __repr__(self) -> str:
@@ -194,14 +193,18 @@ class Buffer(Owned):
     def read(self, offset: int, nbytes: int) -> bytes:
         """The bytes ``[offset, offset+nbytes)`` (after any submit was waited on).
 
-        Mapped memory the CPU does not cache (a discrete GPU's device memory through a
-        ReBAR window) is read directly only up to UNCACHED_READ_MAX bytes, else through a
-        staging copy: every uncached CPU load is a bus round trip (H200: 16 KiB in 631 us,
-        26 MB/s, against 0.54 us from host memory), where the copy is one submit."""
+        Device memory mapped through a window the CPU does not cache (a discrete GPU's
+        ReBAR) is read directly only up to UNCACHED_READ_MAX bytes, else through a staging
+        copy: every uncached CPU load is a bus round trip (H200: 16 KiB in 631 us, 26 MB/s,
+        against 0.54 us from host memory), where the copy is one submit. Host memory
+        (``host_visible``, the staging buffers too) is always read directly: there is no
+        better copy of it."""
         self._check(offset, nbytes)
         if nbytes == 0:
             return b""
-        if self._mapped is not None and (self._cached or nbytes <= UNCACHED_READ_MAX):
+        if self._mapped is not None and (
+                self.host_visible or nbytes <= UNCACHED_READ_MAX
+                or self.device.memory_types.flags[self.memory_type] & HOST_CACHED):
             return self._mapped[offset : offset + nbytes].tobytes()
         staging = Buffer(self.device, nbytes, host_visible=True, name=f"{self.name}:download")
         try:

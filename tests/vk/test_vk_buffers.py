@@ -52,27 +52,35 @@ def test_staging_path() -> None:
 
 
 def test_uncached_mapped_reads_go_through_staging(monkeypatch) -> None:
-    """Mapped memory the CPU does not cache (a discrete GPU's ReBAR window: ~26 MB/s of CPU
-    reads on the H200) is read directly only up to UNCACHED_READ_MAX bytes, else through
-    a staging copy; writes stay direct. lavapipe's memory is cached, so the flag is forced
-    on a private device and the copies counted."""
+    """Device memory mapped through a window the CPU does not cache (a discrete GPU's
+    ReBAR: ~26 MB/s of CPU reads on the H200) is read directly only up to
+    UNCACHED_READ_MAX bytes, else through a staging copy; writes stay direct, and host
+    memory (the staging buffer's own) is read directly at any size. lavapipe's memory is
+    cached, so the flag is cleared on a private device and the copies counted."""
     with Device() as d:
         b = d.create_buffer(4 * UNCACHED_READ_MAX, name="rebar")
-        assert b.mapped
-        assert b._cached == bool(d.memory_types.flags[b.memory_type] & HOST_CACHED)
-        b._cached = False
+        h = d.create_buffer(4 * UNCACHED_READ_MAX, host_visible=True, name="host")
+        assert b.mapped and h.mapped
+        flags = d.memory_types.flags
+        cached = flags[b.memory_type]
+        assert cached & HOST_CACHED  # lavapipe
+        flags[b.memory_type] = cached & ~HOST_CACHED
         copies = []
         real = d._copy
         monkeypatch.setattr(d, "_copy", lambda *a: (copies.append(a[4]), real(*a)))
         x = np.random.default_rng(1).standard_normal(UNCACHED_READ_MAX).astype(np.float32)
         b.write(0, x)
+        h.write(0, x)
         assert copies == []  # writes are direct
         assert b.read(8, UNCACHED_READ_MAX) == x.tobytes()[8:8 + UNCACHED_READ_MAX]
         assert copies == []  # a small read: direct
         np.testing.assert_array_equal(b.read_array(0, x.size, np.float32), x)
         assert copies == [x.nbytes]  # a large one: one staging copy of its bytes
-        b._cached = True
+        np.testing.assert_array_equal(h.read_array(0, x.size, np.float32), x)
+        assert copies == [x.nbytes]  # host memory: direct at any size, cached or not
+        flags[b.memory_type] = cached
         np.testing.assert_array_equal(b.read_array(0, x.size, np.float32), x)
         assert copies == [x.nbytes]  # cached memory: direct at any size
         b.destroy()
+        h.destroy()
     assert d.live_objects() == 0
