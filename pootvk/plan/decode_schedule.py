@@ -746,11 +746,10 @@ def choose_decode_schedule(
     lazy_named = "lazy_rescale" in ov
     r = _choose_schedule(p, profile, has_subgroup_shuffle, force_splits, max_splits, ov)
     want = interleave_planned(r, profile) if inter is None else bool(inter)
-    if r.interleave != (want and r.splits > 1):
-        r = replace(r, interleave=want and r.splits > 1)
-        check_request(r)
-    if not lazy_named and not r.lazy_rescale and lazy_planned(r, profile):
-        r = replace(r, lazy_rescale=True)
+    interleave = want and r.splits > 1
+    lazy = r.lazy_rescale or (not lazy_named and lazy_planned(r, profile))
+    if (r.interleave, r.lazy_rescale) != (interleave, lazy):
+        r = replace(r, interleave=interleave, lazy_rescale=lazy)
         check_request(r)
     return r
 
