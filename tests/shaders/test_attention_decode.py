@@ -418,30 +418,33 @@ def test_no_private_arrays_and_every_source_compiles():
         assert len(compile_glsl(src)) > 100
 
 
+def d128(b, hq, hkv, lk, kv="f16", prof=None, **ov):
+    """The schedule ``prof`` (default the H200's recorded profile) plans for a D=128, Lq=1
+    decode of (b, hq, hkv, lk) with K/V ``kv`` and schedule overrides ``ov``: the planner
+    rule tests' shapes."""
+    p = DecodeProblem(b=b, hq=hq, hkv=hkv, lq=1, lk=lk, dk=128, dv=128, scale=0.1,
+                      kv_dtype=kv)
+    return choose_decode_schedule(p, prof or recorded_profile("nvidia_h200"),
+                                  has_subgroup_shuffle=True, overrides=ov)
+
+
 def test_interleave_rule():
     """A GPU's split kernels take their tiles in turn from INTERLEAVE_MIN_CHUNK keys a split
     (scalar and register-fed kernels alike); shorter splits, unsplit launches, the staged
     matrix kernel and a CPU keep consecutive tiles; an override wins either way."""
-    h200 = recorded_profile("nvidia_h200")
-
-    def req(b, hq, hkv, lk, kv="f16", prof=h200, **ov):
-        p = DecodeProblem(b=b, hq=hq, hkv=hkv, lq=1, lk=lk, dk=128, dv=128, scale=0.1,
-                          kv_dtype=kv)
-        return choose_decode_schedule(p, prof, has_subgroup_shuffle=True, overrides=ov)
-
     for kv in ("f16", "f32"):
-        r = req(1, 32, 8, 32768, kv)
+        r = d128(1, 32, 8, 32768, kv)
         assert r.splits == 16 and r.lk // r.splits == INTERLEAVE_MIN_CHUNK and r.interleave
         assert "interleave" in r.describe()
-        assert req(1, 32, 32, 32768, kv).interleave  # 8 splits of 4096
-        assert not req(1, 32, 8, 4096, kv).interleave  # 16 splits of 256
-        assert not req(32, 32, 8, 2048, kv).interleave  # unsplit
-    assert req(1, 32, 8, 32768).matrix_feed == "registers"
-    assert not req(1, 8, 1, 65536).interleave  # 64 splits of 1024
-    assert not req(1, 32, 8, 32768, interleave=False).interleave
-    assert req(1, 32, 8, 4096, interleave=True).interleave
-    assert not req(32, 32, 8, 2048, interleave=True).interleave  # nothing to take in turn
-    staged = req(1, 32, 8, 65536, matrix=16, matrix_feed="staged")
+        assert d128(1, 32, 32, 32768, kv).interleave  # 8 splits of 4096
+        assert not d128(1, 32, 8, 4096, kv).interleave  # 16 splits of 256
+        assert not d128(32, 32, 8, 2048, kv).interleave  # unsplit
+    assert d128(1, 32, 8, 32768).matrix_feed == "registers"
+    assert not d128(1, 8, 1, 65536).interleave  # 64 splits of 1024
+    assert not d128(1, 32, 8, 32768, interleave=False).interleave
+    assert d128(1, 32, 8, 4096, interleave=True).interleave
+    assert not d128(32, 32, 8, 2048, interleave=True).interleave  # nothing to take in turn
+    staged = d128(1, 32, 8, 65536, matrix=16, matrix_feed="staged")
     assert staged.splits > 1 and not staged.interleave
     forced = choose_decode_schedule(
         DecodeProblem(b=1, hq=8, hkv=2, lq=1, lk=65536, dk=64, dv=64, scale=0.1,
@@ -449,7 +452,7 @@ def test_interleave_rule():
         has_subgroup_shuffle=True, force_splits=4)
     assert forced.splits == 4 and not forced.interleave  # a CPU: consecutive tiles
     with pytest.raises(ShapeError, match="interleave"):
-        check_request(replace(req(32, 32, 8, 2048), interleave=True))
+        check_request(replace(d128(32, 32, 8, 2048), interleave=True))
 
 
 def test_lazy_rescale_rule():
@@ -459,10 +462,8 @@ def test_lazy_rescale_rule():
     override wins either way."""
     h200 = recorded_profile("nvidia_h200")
 
-    def req(b, hq, hkv, lk, kv="f32", prof=h200, **ov):
-        p = DecodeProblem(b=b, hq=hq, hkv=hkv, lq=1, lk=lk, dk=128, dv=128, scale=0.1,
-                          kv_dtype=kv)
-        return choose_decode_schedule(p, prof, has_subgroup_shuffle=True, overrides=ov)
+    def req(b, hq, hkv, lk, kv="f32", **kw):
+        return d128(b, hq, hkv, lk, kv, **kw)
 
     for shape in ((1, 32, 8, 32768), (1, 32, 8, 131072), (1, 8, 1, 65536), (1, 32, 8, 4096)):
         r = req(*shape)
@@ -484,9 +485,7 @@ def test_split_rule_on_the_h200_profile():
     h200 = without_regfed(recorded_profile("nvidia_h200"))
 
     def req(b, hq, hkv, lk, kv="f16"):
-        p = DecodeProblem(b=b, hq=hq, hkv=hkv, lq=1, lk=lk, dk=128, dv=128, scale=0.1,
-                          kv_dtype=kv)
-        return choose_decode_schedule(p, h200, has_subgroup_shuffle=True)
+        return d128(b, hq, hkv, lk, kv, h200)
 
     r = req(1, 32, 8, 32768)
     assert r.splits == 16 and r.workgroups == 128 and r.fused_combine and r.launches == 1
