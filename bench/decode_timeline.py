@@ -165,11 +165,11 @@ def summarise(tl: np.ndarray, n_groups: int, quiet: bool = False) -> dict:
                                          "per_wg": per_wg}
 
 
-def repeatability(runs: list[dict], grid: tuple[int, int]) -> dict:
+def repeatability(runs: list[dict]) -> dict:
     """Whether a workgroup's loop time follows the workgroup (its keys), the SM it ran on,
     or neither, over submits of the same launch: the Pearson r of loop times between
-    consecutive submits keyed by workgroup and keyed by SM, and the loop time's spread over
-    the split index and over the head (grid x = splits, y = rows' groups)."""
+    consecutive submits keyed by workgroup and keyed by SM (equal where every workgroup ran
+    on the same SM each time)."""
     def corr(key: str) -> float:
         rs = []
         for a, b in zip(runs, runs[1:], strict=False):
@@ -181,15 +181,12 @@ def repeatability(runs: list[dict], grid: tuple[int, int]) -> dict:
                                             [db[c] for c in common])[0, 1]))
         return float(np.mean(rs)) if rs else float("nan")
 
-    last = runs[-1]
-    wg = np.array(last["wg"])
-    loop = np.array(last["loop_us"])
-    by_split = [float(loop[wg % grid[0] == x].mean()) for x in range(grid[0])]
-    out = {"r_by_workgroup": corr("wg"), "r_by_sm": corr("sm"),
-           "loop_by_split_us": by_split}
+    same_sm = all(dict(zip(a["wg"], a["sm"], strict=True)) ==
+                  dict(zip(runs[0]["wg"], runs[0]["sm"], strict=True)) for a in runs)
+    out = {"r_by_workgroup": corr("wg"), "r_by_sm": corr("sm"), "same_sm": same_sm}
     print(f"  over {len(runs)} submits: loop time r between submits keyed by workgroup "
-          f"{out['r_by_workgroup']:.2f}, keyed by SM {out['r_by_sm']:.2f}; mean loop us by "
-          f"split (grid x) min {min(by_split):.2f} max {max(by_split):.2f}")
+          f"{out['r_by_workgroup']:.2f}, keyed by SM {out['r_by_sm']:.2f}; every workgroup "
+          f"on the same SM each submit: {'yes' if same_sm else 'no'}")
     return out
 
 
@@ -248,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
               f"nse {err:.1e}")
         summary = summarise(tl.read_array(0, (n_groups * WORDS,), np.uint32), n_groups)
         if runs:
-            summary["repeat"] = repeatability([*runs, summary["per_wg"]], req.grid)
+            summary["repeat"] = repeatability([*runs, summary["per_wg"]])
         results.append({"variant": vjson, "request": req.describe(), "nse": err,
                         "timestamps_us": [x / 1e3 for x in per],
                         "launch_us": per_launch / 1e3, "calls": args.calls, **summary})

@@ -72,3 +72,7 @@ def test_decode_timeline_instruments_every_workgroup(tmp_path, capsys, device):
         # every workgroup: KV heads x splits x row blocks (1 row a block on a GPU, 4 on a CPU)
         assert r["written"] == r["workgroups"] and r["workgroups"] % (2 * 3) == 0
         assert r["span_us"] > 0 and r["loop"]["max"] > 0
+        # the last of --calls launches (default 10); --repeat (default 3) submits' loop times
+        assert r["calls"] == 10 and r["launch_us"] > 0
+        assert len(r["per_wg"]["loop_us"]) == r["written"]
+        assert set(r["repeat"]) == {"r_by_workgroup", "r_by_sm", "same_sm"}
