@@ -143,9 +143,10 @@ def summarise(tl: np.ndarray, n_groups: int, quiet: bool = False) -> dict:
         rows[name] = rel[i] - rel[i - 1]
     rows["end"] = rel[-1]
     loop0, loop1, end = rel[1], rel[2], rel[-1]
+    per_wg = {"wg": np.flatnonzero(ok).tolist(), "sm": sms.tolist(),
+              "loop_us": (loop1 - loop0).tolist(), "end_us": end.tolist()}
     if quiet:
-        return {"per_wg": {"wg": np.flatnonzero(ok).tolist(), "sm": sms.tolist(),
-                           "loop_us": (loop1 - loop0).tolist(), "end_us": end.tolist()}}
+        return {"per_wg": per_wg}
     for k, x in rows.items():
         print(f"  {k:15} us: {q(x)}")
     per_sm: dict[int, list[float]] = {}
@@ -157,8 +158,6 @@ def summarise(tl: np.ndarray, n_groups: int, quiet: bool = False) -> dict:
           f"med {loads[len(loads) // 2][0]:.2f} max {loads[-1][0]:.2f}")
     print(f"  span (first start to last end): {end.max():.2f} us; last loop end "
           f"{loop1.max():.2f} us; written by {int(ok.sum())} of {n_groups} workgroups")
-    per_wg = {"wg": np.flatnonzero(ok).tolist(), "sm": sms.tolist(),
-              "loop_us": (loop1 - loop0).tolist(), "end_us": end.tolist()}
     return {k: {"min": float(x.min()), "med": float(np.median(x)), "max": float(x.max())}
             for k, x in rows.items()} | {"span_us": float(end.max()),
                                          "written": int(ok.sum()), "workgroups": n_groups,
