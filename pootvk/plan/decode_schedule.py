@@ -796,7 +796,9 @@ def interleave_planned(r: DecodeRequest, profile: DeviceProfile) -> bool:
 
 def _choose_schedule(p: DecodeProblem, profile: DeviceProfile, has_subgroup_shuffle: bool,
                      force_splits: int | None, max_splits: int, ov: dict) -> DecodeRequest:
-    """``choose_decode_schedule`` but the key order: ``ov`` is the overrides' copy."""
+    """The schedule before the interleave and lazy-rescale rules (``choose_decode_schedule``
+    applies them to what this returns). ``ov``: a copy of the overrides without
+    ``interleave``, consumed here; the row-block retry passes them on with ``rows_per_wg``."""
     overrides = dict(ov)
     matrix = ov.pop("matrix", None)
     feed = ov.pop("matrix_feed", None)
